@@ -1,0 +1,78 @@
+/**
+ * A trajectory is exactly what the policy saw and produced, token for token, never re-tokenised.
+ *
+ * Layout: `promptIds` is the rendered prompt (chat template applied once). `responseIds` is everything after it:
+ * generated tokens (lossMask 1) interleaved with template and tool-observation tokens (lossMask 0).
+ * `rolloutLogprobs[i]` is the behaviour log-prob of `responseIds[i]` (0 where lossMask is 0). Each turn's reward
+ * sits on that turn's last generated token (`turns[k].end - 1`).
+ *
+ * A `TrajectoryGroup` is the n samples of one prompt (the GRPO group).
+ */
+import { Schema } from "effect"
+import { PolicyVersion } from "./PolicyVersion.ts"
+import { ToolCallRecord } from "./ToolCall.ts"
+
+export const StopReason = Schema.Literals(["stop", "length", "overlong", "max_turns", "env_done", "error"])
+export type StopReason = typeof StopReason.Type
+
+export const FinishReason = Schema.Literals(["stop", "length"])
+export type FinishReason = typeof FinishReason.Type
+
+export const Turn = Schema.Struct({
+  start: Schema.Int, // index into responseIds of the turn's first generated token
+  end: Schema.Int, // one past its last generated token
+  reward: Schema.Finite,
+  finishReason: FinishReason,
+  policyVersionFirst: PolicyVersion, // weights that produced the first token of the turn
+  policyVersionLast: PolicyVersion, // and the last (differs when weights were swapped mid-turn)
+  toolCalls: Schema.Array(ToolCallRecord),
+  parseError: Schema.optionalKey(Schema.String),
+  observationTokens: Schema.Int, // template + observation tokens appended after this turn (lossMask 0)
+  llmMs: Schema.Finite,
+  envMs: Schema.Finite
+})
+export type Turn = typeof Turn.Type
+
+export const Trajectory = Schema.Struct({
+  id: Schema.String,
+  promptUid: Schema.String,
+  sample: Schema.Int, // index within the group
+  promptIds: Schema.Array(Schema.Int),
+  responseIds: Schema.Array(Schema.Int),
+  lossMask: Schema.Array(Schema.Literals([0, 1])),
+  rolloutLogprobs: Schema.Array(Schema.Finite),
+  turns: Schema.Array(Turn),
+  reward: Schema.Finite, // sum of the turns' rewards
+  stopReason: StopReason,
+  error: Schema.optionalKey(Schema.String),
+  envMetrics: Schema.Record(Schema.String, Schema.Finite)
+})
+export type Trajectory = typeof Trajectory.Type
+
+export const TrajectoryGroup = Schema.Struct({
+  promptUid: Schema.String,
+  cursor: Schema.Int, // position of the prompt in the dataset order of this run
+  dataSource: Schema.String,
+  envClass: Schema.String,
+  trajectories: Schema.Array(Trajectory)
+})
+export type TrajectoryGroup = typeof TrajectoryGroup.Type
+
+/** Token-level rewards: each turn's reward on its last generated token. */
+export const tokenRewards = (t: Trajectory): Array<number> => {
+  const out = new Array<number>(t.responseIds.length).fill(0)
+  for (const turn of t.turns) if (turn.end > turn.start) out[turn.end - 1]! += turn.reward
+  return out
+}
+
+/** Oldest and newest policy versions that produced any token of the trajectory. */
+export const versionSpan = (t: Trajectory): { readonly first: number; readonly last: number } => {
+  if (t.turns.length === 0) return { first: 0, last: 0 }
+  let first = Number.POSITIVE_INFINITY
+  let last = 0
+  for (const turn of t.turns) {
+    first = Math.min(first, turn.policyVersionFirst)
+    last = Math.max(last, turn.policyVersionLast)
+  }
+  return { first, last }
+}

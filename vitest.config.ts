@@ -1,0 +1,12 @@
+import { defineConfig } from "vitest/config"
+
+export default defineConfig({
+  test: {
+    include: ["test/**/*.test.ts"],
+    setupFiles: ["./test/setup.ts"],
+    testTimeout: 120_000,
+    hookTimeout: 120_000,
+    // tfjs backends are process-global: one file per worker process keeps them apart.
+    pool: "forks"
+  }
+})
