@@ -1,0 +1,18 @@
+/**
+ * The `effect-rl` command line: one file per command under src/cli/, assembled here. Commands receive decoded
+ * config; only `layers/` turns config into services.
+ */
+import { Command } from "effect/cli"
+import * as ConfigCommand from "./ConfigCommand.ts"
+import * as DataCommand from "./DataCommand.ts"
+
+export const root = Command.make("effect-rl").pipe(
+  Command.withDescription(
+    "Train language-model agents to use tools over many turns with reinforcement learning (Effect 4 + TensorFlow.js)."
+  ),
+  Command.withSubcommands([ConfigCommand.command, DataCommand.command])
+)
+
+export const version = "0.1.0"
+
+export const run = Command.run(root, { version })

@@ -1,0 +1,13 @@
+import { Schema } from "effect"
+import { NonNegativeInt, withDefault } from "./Field.ts"
+
+/** Which tfjs backend runs the tensors. `auto` = tensorflow-gpu, then tensorflow, then wasm, then cpu. */
+export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
+export type BackendName = typeof BackendName.Type
+
+export const BackendConfig = Schema.Struct({
+  name: BackendName.pipe(withDefault("auto")),
+  threads: NonNegativeInt.pipe(withDefault(0)), // 0 = as many as the backend's default (cores)
+  kernels: Schema.Literals(["native", "stock"]).pipe(withDefault("stock")) // native = our N-API kernels when built
+})
+export type BackendConfig = typeof BackendConfig.Type

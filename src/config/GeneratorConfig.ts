@@ -1,0 +1,38 @@
+import { Schema } from "effect"
+import { SecretRef, NonNegativeInt, PositiveInt, Probability, NonNegative, withDefault } from "./Field.ts"
+
+export const SamplingConfig = Schema.Struct({
+  temperature: NonNegative.pipe(withDefault(1)), // 0 = greedy
+  top_p: Probability.pipe(withDefault(1)),
+  top_k: NonNegativeInt.pipe(withDefault(0)), // 0 = off
+  stop: Schema.Array(Schema.String).pipe(withDefault([])) // stop strings, besides the tokenizer's end tokens
+})
+export type SamplingConfig = typeof SamplingConfig.Type
+
+/** Where generation runs: in-process, in a worker thread, or on an OpenAI-compatible server (ours or vLLM). */
+export const EngineConfig = Schema.Struct({
+  kind: Schema.Literals(["local", "worker", "remote"]).pipe(withDefault("local")),
+  url: Schema.optionalKey(Schema.NonEmptyString),
+  model_name: Schema.optionalKey(Schema.String),
+  api_key: Schema.optionalKey(SecretRef),
+  max_batch_size: PositiveInt.pipe(withDefault(16))
+})
+export type EngineConfig = typeof EngineConfig.Type
+
+export const GeneratorConfig = Schema.Struct({
+  n_samples_per_prompt: PositiveInt.pipe(withDefault(4)), // the GRPO group size
+  max_turns: PositiveInt.pipe(withDefault(4)),
+  max_generate_length: PositiveInt.pipe(withDefault(128)), // new tokens per turn
+  max_input_length: PositiveInt.pipe(withDefault(2048)), // prompt + history; beyond it the trajectory is `overlong`
+  max_concurrent_groups: PositiveInt.pipe(withDefault(4)),
+  sampling: SamplingConfig.pipe(withDefault({})),
+  eval_sampling: SamplingConfig.pipe(withDefault({ temperature: 0 })),
+  eval_n_samples_per_prompt: PositiveInt.pipe(withDefault(1)),
+  step_wise: Schema.Boolean.pipe(withDefault(false)), // one training row per turn (templates that rewrite history)
+  zero_variance_filter: Schema.Boolean.pipe(withDefault(false)),
+  apply_overlong_filtering: Schema.Boolean.pipe(withDefault(true)), // zero the loss mask of overlong/length
+  zero_reward_on_non_stop: Schema.Boolean.pipe(withDefault(false)),
+  seed: NonNegativeInt.pipe(withDefault(0)),
+  engine: EngineConfig.pipe(withDefault({}))
+})
+export type GeneratorConfig = typeof GeneratorConfig.Type

@@ -1,0 +1,43 @@
+import { Schema } from "effect"
+import { NonNegativeInt, PositiveInt, Probability, Positive, withDefault } from "./Field.ts"
+
+/** A randomly initialised model in HF config.json terms (tests, the tiny models we train ourselves). */
+export const ModelInit = Schema.Struct({
+  architecture: Schema.Literals(["qwen3", "qwen2", "llama"]).pipe(withDefault("qwen3")),
+  vocab_size: PositiveInt.pipe(withDefault(512)),
+  hidden_size: PositiveInt.pipe(withDefault(256)),
+  intermediate_size: PositiveInt.pipe(withDefault(1024)),
+  num_hidden_layers: PositiveInt.pipe(withDefault(4)),
+  num_attention_heads: PositiveInt.pipe(withDefault(4)),
+  num_key_value_heads: PositiveInt.pipe(withDefault(4)),
+  head_dim: Schema.optionalKey(PositiveInt), // default hidden_size / num_attention_heads
+  rope_theta: Positive.pipe(withDefault(10000)),
+  rms_norm_eps: Positive.pipe(withDefault(1e-6)),
+  max_position_embeddings: PositiveInt.pipe(withDefault(2048)),
+  tie_word_embeddings: Schema.Boolean.pipe(withDefault(true)),
+  seed: NonNegativeInt.pipe(withDefault(0))
+})
+export type ModelInit = typeof ModelInit.Type
+
+export const LoraConfig = Schema.Struct({
+  rank: NonNegativeInt.pipe(withDefault(0)), // 0 = full fine-tuning, no adapters
+  alpha: Positive.pipe(withDefault(16)),
+  dropout: Probability.pipe(withDefault(0)),
+  target_modules: Schema.Array(Schema.String).pipe(withDefault(["q_proj", "k_proj", "v_proj", "o_proj"]))
+})
+export type LoraConfig = typeof LoraConfig.Type
+
+/** The policy: a HF-layout checkpoint directory (`path`), or a fresh random model (`init`). */
+export const ModelConfig = Schema.Struct({
+  path: Schema.optionalKey(Schema.NonEmptyString),
+  init: Schema.optionalKey(ModelInit),
+  lora: LoraConfig.pipe(withDefault({}))
+}).check(
+  Schema.makeFilter((m) =>
+    (m.path === undefined) !== (m.init === undefined) || {
+      path: ["path"],
+      issue: "set exactly one of model.path (a checkpoint directory) or model.init (a random model)"
+    }
+  )
+)
+export type ModelConfig = typeof ModelConfig.Type

@@ -1,0 +1,75 @@
+import { Schema } from "effect"
+import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, withDefault } from "./Field.ts"
+
+/** SkyRL's `trainer.algorithm` keys, same names and meanings. */
+export const AlgorithmConfig = Schema.Struct({
+  advantage_estimator: Schema.Literals(["grpo", "rloo", "reinforce++", "gae"]).pipe(withDefault("grpo")),
+  grpo_norm_by_std: Schema.Boolean.pipe(withDefault(true)), // false = Dr. GRPO
+  advantage_batch_normalize: Schema.Boolean.pipe(withDefault(false)),
+  gamma: Probability.pipe(withDefault(1)),
+  lambd: Probability.pipe(withDefault(1)),
+  policy_loss_type: Schema.Literals(["regular", "dual_clip", "gspo", "cispo", "rollout_is"]).pipe(
+    withDefault("regular")
+  ),
+  eps_clip_low: NonNegative.pipe(withDefault(0.2)),
+  eps_clip_high: NonNegative.pipe(withDefault(0.2)),
+  clip_ratio_c: Schema.Finite.check(Schema.isGreaterThan(1)).pipe(withDefault(3)), // dual clip bound, > 1
+  cispo_eps_clip_low: NonNegative.pipe(withDefault(0)),
+  cispo_eps_clip_high: NonNegative.pipe(withDefault(5)),
+  loss_reduction: Schema.Literals(["token_mean", "sequence_mean", "seq_mean_token_sum_norm"]).pipe(
+    withDefault("token_mean")
+  ),
+  max_seq_len: Schema.optionalKey(PositiveInt), // seq_mean_token_sum_norm divisor; default: context length
+  use_kl_loss: Schema.Boolean.pipe(withDefault(false)),
+  kl_loss_coef: NonNegative.pipe(withDefault(0.001)),
+  use_kl_in_reward: Schema.Boolean.pipe(withDefault(false)),
+  kl_coef: NonNegative.pipe(withDefault(0.001)), // KL-in-reward coefficient (initial, for the adaptive controller)
+  kl_ctrl: Schema.Literals(["fixed", "adaptive"]).pipe(withDefault("fixed")),
+  kl_target: Positive.pipe(withDefault(0.1)),
+  kl_horizon: PositiveInt.pipe(withDefault(10000)),
+  kl_estimator_type: Schema.Literals(["k1", "k2", "k3", "abs"]).pipe(withDefault("k3")),
+  use_entropy_loss: Schema.Boolean.pipe(withDefault(false)),
+  entropy_loss_coef: NonNegative.pipe(withDefault(0.01)),
+  off_policy_correction: Schema.Literals(["none", "token", "sequence"]).pipe(withDefault("token")), // TIS level
+  tis_imp_ratio_cap: Positive.pipe(withDefault(2))
+})
+export type AlgorithmConfig = typeof AlgorithmConfig.Type
+
+export const OptimizerConfig = Schema.Struct({
+  lr: Positive.pipe(withDefault(1e-5)),
+  weight_decay: NonNegative.pipe(withDefault(0.01)),
+  beta1: Probability.pipe(withDefault(0.9)),
+  beta2: Probability.pipe(withDefault(0.999)),
+  eps: Positive.pipe(withDefault(1e-8)),
+  max_grad_norm: NonNegative.pipe(withDefault(1)), // 0 = no clipping
+  warmup_steps: NonNegativeInt.pipe(withDefault(0)),
+  scheduler: Schema.Literals(["constant", "cosine"]).pipe(withDefault("constant")),
+  min_lr_ratio: Probability.pipe(withDefault(0.1))
+})
+export type OptimizerConfig = typeof OptimizerConfig.Type
+
+export const TrainerConfig = Schema.Struct({
+  algorithm: AlgorithmConfig.pipe(withDefault({})),
+  optimizer: OptimizerConfig.pipe(withDefault({})),
+  critic_optimizer: OptimizerConfig.pipe(withDefault({ lr: 5e-6 })),
+  train_batch_size: PositiveInt.pipe(withDefault(8)), // prompts (groups) per training step
+  policy_mini_batch_size: PositiveInt.pipe(withDefault(8)), // prompts per optimizer step within a training step
+  micro_train_batch_size: PositiveInt.pipe(withDefault(8)), // sequences per forward/backward (grad accumulation)
+  update_epochs_per_batch: PositiveInt.pipe(withDefault(1)), // PPO epochs
+  epochs: PositiveInt.pipe(withDefault(1)), // passes over the training data
+  max_steps: Schema.optionalKey(PositiveInt), // stop after this many training steps
+  ref: Schema.Literals(["none", "frozen", "ema"]).pipe(withDefault("none")),
+  ref_ema_decay: Probability.pipe(withDefault(0.99)),
+  ref_update_interval: PositiveInt.pipe(withDefault(1)),
+  eval_interval: NonNegativeInt.pipe(withDefault(0)), // 0 = only before and after training
+  eval_before_train: Schema.Boolean.pipe(withDefault(true)),
+  seed: NonNegativeInt.pipe(withDefault(42))
+}).check(
+  Schema.makeFilter((t) =>
+    t.train_batch_size % t.policy_mini_batch_size === 0 || {
+      path: ["policy_mini_batch_size"],
+      issue: `train_batch_size (${t.train_batch_size}) must be a multiple of policy_mini_batch_size`
+    }
+  )
+)
+export type TrainerConfig = typeof TrainerConfig.Type
