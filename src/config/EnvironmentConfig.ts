@@ -15,11 +15,12 @@ export const McpServerConfig = Schema.Struct({
   isolation: Schema.Literals(["shared", "per_trajectory"]).pipe(withDefault("shared")),
   timeout_ms: PositiveInt.pipe(withDefault(30_000))
 }).check(
-  Schema.makeFilter((s) =>
-    (s.transport === "stdio" ? s.command !== undefined : s.url !== undefined) || {
-      path: [s.transport === "stdio" ? "command" : "url"],
-      issue: s.transport === "stdio" ? "a stdio server needs a command" : "an http server needs a url"
-    }
+  Schema.makeFilter(
+    (s) =>
+      (s.transport === "stdio" ? s.command !== undefined : s.url !== undefined) || {
+        path: [s.transport === "stdio" ? "command" : "url"],
+        issue: s.transport === "stdio" ? "a stdio server needs a command" : "an http server needs a url"
+      }
   )
 )
 export type McpServerConfig = typeof McpServerConfig.Type

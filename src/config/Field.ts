@@ -4,8 +4,10 @@
  */
 import { Effect, Schema } from "effect"
 
-export const withDefault = <S extends Schema.Top>(value: S["Encoded"]) => (self: S) =>
-  self.pipe(Schema.withDecodingDefaultKey(Effect.succeed(value)))
+export const withDefault =
+  <S extends Schema.Top>(value: S["Encoded"]) =>
+  (self: S) =>
+    self.pipe(Schema.withDecodingDefaultKey(Effect.succeed(value)))
 
 export const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
 export const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))

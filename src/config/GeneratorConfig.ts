@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { SecretRef, NonNegativeInt, PositiveInt, Probability, NonNegative, withDefault } from "./Field.ts"
+import { NonNegative, NonNegativeInt, PositiveInt, Probability, SecretRef, withDefault } from "./Field.ts"
 
 export const SamplingConfig = Schema.Struct({
   temperature: NonNegative.pipe(withDefault(1)), // 0 = greedy

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { NonNegativeInt, PositiveInt, Probability, Positive, withDefault } from "./Field.ts"
+import { NonNegativeInt, Positive, PositiveInt, Probability, withDefault } from "./Field.ts"
 
 /** A randomly initialised model in HF config.json terms (tests, the tiny models we train ourselves). */
 export const ModelInit = Schema.Struct({
@@ -33,11 +33,12 @@ export const ModelConfig = Schema.Struct({
   init: Schema.optionalKey(ModelInit),
   lora: LoraConfig.pipe(withDefault({}))
 }).check(
-  Schema.makeFilter((m) =>
-    (m.path === undefined) !== (m.init === undefined) || {
-      path: ["path"],
-      issue: "set exactly one of model.path (a checkpoint directory) or model.init (a random model)"
-    }
+  Schema.makeFilter(
+    (m) =>
+      (m.path === undefined) !== (m.init === undefined) || {
+        path: ["path"],
+        issue: "set exactly one of model.path (a checkpoint directory) or model.init (a random model)"
+      }
   )
 )
 export type ModelConfig = typeof ModelConfig.Type

@@ -25,30 +25,38 @@ export const RunConfig = Schema.Struct({
   logging: LoggingConfig.pipe(withDefault({})),
   data: DataConfig.pipe(withDefault({}))
 }).check(
-  Schema.makeFilter((c) =>
-    c.generator.max_generate_length < c.generator.max_input_length || {
-      path: ["generator", "max_generate_length"],
-      issue: `max_generate_length (${c.generator.max_generate_length}) must be below max_input_length (${c.generator.max_input_length})`
-    }
+  Schema.makeFilter(
+    (c) =>
+      c.generator.max_generate_length < c.generator.max_input_length || {
+        path: ["generator", "max_generate_length"],
+        issue: `max_generate_length (${c.generator.max_generate_length}) must be below max_input_length (${c.generator.max_input_length})`
+      }
   ),
-  Schema.makeFilter((c) =>
-    c.generator.engine.kind !== "remote" || c.generator.engine.url !== undefined || {
-      path: ["generator", "engine", "url"],
-      issue: "engine.kind remote needs engine.url"
-    }
+  Schema.makeFilter(
+    (c) =>
+      c.generator.engine.kind !== "remote" ||
+      c.generator.engine.url !== undefined || {
+        path: ["generator", "engine", "url"],
+        issue: "engine.kind remote needs engine.url"
+      }
   ),
-  Schema.makeFilter((c) =>
-    c.trainer.algorithm.advantage_estimator === "gae" || c.generator.n_samples_per_prompt > 1 ||
-    c.trainer.algorithm.advantage_estimator === "reinforce++" || {
-      path: ["generator", "n_samples_per_prompt"],
-      issue: `${c.trainer.algorithm.advantage_estimator} compares samples within a group: n_samples_per_prompt must be ≥ 2`
-    }
+  Schema.makeFilter(
+    (c) =>
+      c.trainer.algorithm.advantage_estimator === "gae" ||
+      c.generator.n_samples_per_prompt > 1 ||
+      c.trainer.algorithm.advantage_estimator === "reinforce++" || {
+        path: ["generator", "n_samples_per_prompt"],
+        issue: `${c.trainer.algorithm.advantage_estimator} compares samples within a group: n_samples_per_prompt must be ≥ 2`
+      }
   ),
-  Schema.makeFilter((c) =>
-    c.model.init === undefined || c.tokenizer.kind === "byte" || c.tokenizer.path !== undefined || {
-      path: ["tokenizer", "kind"],
-      issue: "a random model (model.init) has no tokenizer files: use tokenizer.kind byte or set tokenizer.path"
-    }
+  Schema.makeFilter(
+    (c) =>
+      c.model.init === undefined ||
+      c.tokenizer.kind === "byte" ||
+      c.tokenizer.path !== undefined || {
+        path: ["tokenizer", "kind"],
+        issue: "a random model (model.init) has no tokenizer files: use tokenizer.kind byte or set tokenizer.path"
+      }
   )
 )
 export type RunConfig = typeof RunConfig.Type

@@ -65,11 +65,12 @@ export const TrainerConfig = Schema.Struct({
   eval_before_train: Schema.Boolean.pipe(withDefault(true)),
   seed: NonNegativeInt.pipe(withDefault(42))
 }).check(
-  Schema.makeFilter((t) =>
-    t.train_batch_size % t.policy_mini_batch_size === 0 || {
-      path: ["policy_mini_batch_size"],
-      issue: `train_batch_size (${t.train_batch_size}) must be a multiple of policy_mini_batch_size`
-    }
+  Schema.makeFilter(
+    (t) =>
+      t.train_batch_size % t.policy_mini_batch_size === 0 || {
+        path: ["policy_mini_batch_size"],
+        issue: `train_batch_size (${t.train_batch_size}) must be a multiple of policy_mini_batch_size`
+      }
   )
 )
 export type TrainerConfig = typeof TrainerConfig.Type

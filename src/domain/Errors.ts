@@ -3,13 +3,19 @@
  * service. All are Schema-backed so they serialise across worker boundaries.
  */
 import { Schema } from "effect"
+import { CliError } from "effect/cli"
 
 /** A config file or override is invalid: `path` is the dotted key path, `message` what was expected. */
 export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError", {
   file: Schema.optionalKey(Schema.String),
   path: Schema.String,
   message: Schema.String
-}) {}
+}) {
+  /** What the CLI prints: `FILE: message` (the message starts with the key path). */
+  override get [CliError.userMessage](): string {
+    return this.file === undefined ? `invalid config: ${this.message}` : `invalid config ${this.file}:\n${this.message}`
+  }
+}
 
 /** A dataset row or file is invalid. `row` is 1-based (the line number for JSONL). */
 export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetError", {
@@ -21,7 +27,12 @@ export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetErr
   /** `FILE:ROW: path: detail`, the form editors and terminals turn into links. */
   override get message(): string {
     const where = this.row === undefined ? this.file : `${this.file}:${this.row}`
-    return this.path === undefined || this.path === "" ? `${where}: ${this.detail}` : `${where}: ${this.path}: ${this.detail}`
+    return this.path === undefined || this.path === ""
+      ? `${where}: ${this.detail}`
+      : `${where}: ${this.path}: ${this.detail}`
+  }
+  override get [CliError.userMessage](): string {
+    return this.message
   }
 }
 
@@ -29,7 +40,11 @@ export class DatasetError extends Schema.TaggedError<DatasetError>()("DatasetErr
 export class CheckpointError extends Schema.TaggedError<CheckpointError>()("CheckpointError", {
   path: Schema.String,
   message: Schema.String
-}) {}
+}) {
+  override get [CliError.userMessage](): string {
+    return `checkpoint ${this.path}: ${this.message}`
+  }
+}
 
 /** The inference engine could not serve a request. Transport failures are retryable. */
 export class InferenceError extends Schema.TaggedError<InferenceError>()("InferenceError", {

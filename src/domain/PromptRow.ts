@@ -24,4 +24,11 @@ export const PromptRow = Schema.Struct({
 export type PromptRow = typeof PromptRow.Type & { readonly extras?: Readonly<Record<string, unknown>> }
 
 /** The keys of a row that are SkyRL's own; everything else is an env extra. */
-export const knownKeys: ReadonlySet<string> = new Set(["uid", "data_source", "env_class", "prompt", "reward_spec", "extra_info"])
+export const knownKeys: ReadonlySet<string> = new Set([
+  "uid",
+  "data_source",
+  "env_class",
+  "prompt",
+  "reward_spec",
+  "extra_info"
+])

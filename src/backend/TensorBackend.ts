@@ -1,0 +1,103 @@
+/**
+ * The tfjs backend a process computes on. tfjs backends are process-global, so this service is initialised once per
+ * process (or worker thread) and reports what it picked. `auto` prefers the native TensorFlow bindings when the user
+ * has installed them (`@tensorflow/tfjs-node-gpu`, then `@tensorflow/tfjs-node`; they are optional peers that cannot
+ * be installed in every environment), else wasm, else the pure-JS cpu backend.
+ */
+
+import * as tf from "@tensorflow/tfjs"
+import { Context, Effect, Layer, Schema } from "effect"
+import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
+import * as MissingKernels from "./MissingKernels.ts"
+
+export type ResolvedBackend = Exclude<BackendName, "auto">
+
+export class TensorBackendError extends Schema.TaggedError<TensorBackendError>()("TensorBackendError", {
+  backend: Schema.String,
+  message: Schema.String,
+  cause: Schema.optionalKey(Schema.Defect())
+}) {}
+
+export interface BackendInfo {
+  readonly name: ResolvedBackend
+  readonly tfjsName: string // what tf.getBackend() says: tensorflow, wasm, cpu
+  readonly threads: number
+  readonly kernels: "native" | "stock"
+  readonly addedKernels: ReadonlyArray<string>
+}
+
+export class TensorBackend extends Context.Service<TensorBackend, BackendInfo>()("rl/backend/TensorBackend") {}
+
+const tfjsNameOf = (name: ResolvedBackend): string =>
+  name === "tensorflow-gpu" || name === "tensorflow" ? "tensorflow" : name
+
+/** Load and activate one backend; rejects when its package is not installed or it fails to start. */
+const activate = async (name: ResolvedBackend, threads: number): Promise<void> => {
+  switch (name) {
+    case "tensorflow-gpu":
+    case "tensorflow": {
+      if (threads > 0) {
+        // Read by libtensorflow when the binding loads; must be set before the import.
+        process.env["TF_NUM_INTRAOP_THREADS"] ??= String(threads)
+        process.env["TF_NUM_INTEROP_THREADS"] ??= "1"
+      }
+      const pkg = name === "tensorflow-gpu" ? "@tensorflow/tfjs-node-gpu" : "@tensorflow/tfjs-node"
+      await import(/* @vite-ignore */ pkg)
+      break
+    }
+    case "wasm": {
+      const wasm = await import("@tensorflow/tfjs-backend-wasm")
+      if (threads > 0) wasm.setThreadsCount(threads)
+      break
+    }
+    case "cpu":
+      break
+  }
+  const ok = await tf.setBackend(tfjsNameOf(name))
+  if (!ok) throw new Error(`tf.setBackend("${tfjsNameOf(name)}") returned false`)
+  await tf.ready()
+}
+
+const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
+
+/** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
+export const initialise = Effect.fn("TensorBackend.initialise")(function* (config: BackendConfig) {
+  const candidates = config.name === "auto" ? autoOrder : [config.name]
+  const failures: Array<string> = []
+  for (const name of candidates) {
+    const started = yield* Effect.tryPromise({
+      try: () => activate(name, config.threads),
+      catch: (cause) => new TensorBackendError({ backend: name, message: String(cause), cause })
+    }).pipe(Effect.result)
+    if (started._tag === "Failure") {
+      failures.push(`${name}: ${started.failure.message.split("\n")[0]}`)
+      if (config.name !== "auto") return yield* started.failure
+      continue
+    }
+    const tfjsName = tf.getBackend()
+    const addedKernels = MissingKernels.register(tfjsName)
+    const info: BackendInfo = {
+      name,
+      tfjsName,
+      // wasm in Node runs single-threaded whatever setThreadsCount says (measured); native uses the env setting.
+      threads: name === "wasm" || name === "cpu" ? 1 : config.threads,
+      kernels: config.kernels,
+      addedKernels
+    }
+    if (config.name === "auto") {
+      yield* Effect.logInfo(
+        `tensor backend: ${name} (auto; skipped ${failures.length === 0 ? "none" : failures.join("; ")})`
+      )
+    } else {
+      yield* Effect.logDebug(`tensor backend: ${name}`)
+    }
+    return info
+  }
+  return yield* new TensorBackendError({
+    backend: config.name,
+    message: `no backend could start: ${failures.join("; ")}`
+  })
+})
+
+export const layer = (config: BackendConfig): Layer.Layer<TensorBackend, TensorBackendError> =>
+  Layer.effect(TensorBackend, initialise(config))
