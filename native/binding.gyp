@@ -1,0 +1,13 @@
+{
+  "targets": [
+    {
+      "target_name": "effect_rl_kernels",
+      "sources": ["kernels.cc"],
+      "cflags!": ["-fno-exceptions"],
+      "cflags_cc!": ["-fno-exceptions"],
+      "cflags_cc": ["-std=c++17", "-O3", "-fno-math-errno", "<!@(sh ./detect-blas.sh cflags)"],
+      "defines": ["NAPI_VERSION=8", "<!@(sh ./detect-blas.sh defines)"],
+      "libraries": ["<!@(sh ./detect-blas.sh libraries)", "-lpthread"]
+    }
+  ]
+}

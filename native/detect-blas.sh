@@ -1,0 +1,22 @@
+#!/bin/sh
+# Prints gyp settings (cflags: -march=native when accepted) and for BLAS: "-lopenblas" (libraries) / "EFFECT_RL_OPENBLAS=1" (defines) when libopenblas links on this
+# machine, nothing otherwise (the addon then uses its own blocked SGEMM). Run by binding.gyp at configure time.
+what="$1"
+cc="${CC:-cc}"
+tmp="${TMPDIR:-/tmp}/effect-rl-blas-$$"
+printf 'void cblas_sgemm(void);\nint main(void){cblas_sgemm();return 0;}\n' > "$tmp.c"
+if "$cc" "$tmp.c" -o "$tmp.out" -lopenblas >/dev/null 2>&1; then
+  case "$what" in
+    libraries) echo "-lopenblas" ;;
+    defines) echo "EFFECT_RL_OPENBLAS=1" ;;
+  esac
+else
+  case "$what" in
+    defines) echo "EFFECT_RL_NO_BLAS=1" ;;
+  esac
+fi
+if [ "$what" = "cflags" ]; then
+  # Built at install time on the machine that runs it, so tune for its CPU (AVX2/AVX-512 FMA) when the compiler can.
+  if "$cc" -march=native "$tmp.c" -c -o "$tmp.o" >/dev/null 2>&1; then echo "-march=native"; fi
+fi
+rm -f "$tmp.c" "$tmp.out" "$tmp.o"
