@@ -1,0 +1,394 @@
+/**
+ * Reads tool calls out of one model turn. The policy writes text; the environment needs `ToolCall`s. Formats:
+ *
+ * - `hermes` (Qwen, Hermes): `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, any number per turn. `arguments`
+ *   may be an object or a JSON string holding one (Qwen3 writes both); `parameters` is read as `arguments`. A block
+ *   whose body is Qwen3-Coder XML (`<function=name><parameter=k>v</parameter></function>`) is read too.
+ * - `json`: bare `{"name": …, "arguments": …}` objects anywhere in the text, arrays of them, ```json fences.
+ * - `xml`: `<tool><name>…</name><arguments>{…} or <k>v</k>…</arguments></tool>`.
+ * - `react`: `Action: tool` / `Action Input: {json}` pairs, and `Final Answer: …`.
+ * - `auto`: the first format whose marker the text contains (`<tool_call>`, `<tool>`, `Action:`/`Final Answer:`
+ *   at a line start), else `json`.
+ *
+ * Thinking (`<think>…</think>`, or everything before a lone `</think>` whose `<think>` was in the prompt) is removed
+ * first: a call the model only considered is not a call. A closing tag the engine swallowed as a stop string
+ * (`</tool_call>`, `</tool>`, `</answer>`) may be missing on the last block.
+ *
+ * The result is data, not a failure: `error` describes the tool-call attempts that could not be read, in words short
+ * enough to show the model as its observation; calls that could be read are returned beside it. Text with neither
+ * calls nor attempts is an answer, not an error. Ids are `call_0`, `call_1`, … in order of appearance within the turn.
+ */
+import { Effect, Schema } from "effect"
+import type { ToolCallWire } from "../domain/Message.ts"
+import type { ToolCall } from "../domain/ToolCall.ts"
+
+export const Format = Schema.Literals(["auto", "hermes", "json", "xml", "react"])
+export type Format = typeof Format.Type
+
+/** A call before it is given its id. */
+export type Call = Pick<ToolCall, "name" | "arguments">
+
+/** The formats a call can be written in (`auto` only reads). */
+export type WriteFormat = Exclude<Format, "auto">
+
+export interface Parsed {
+  readonly calls: ReadonlyArray<ToolCall>
+  /** `<answer>…</answer>` or ReAct's `Final Answer:`; else, for a turn without calls or errors, the whole text. */
+  readonly finalAnswer?: string
+  /** What could not be read, e.g. `tool call 1: invalid JSON: Unexpected end of JSON input`. */
+  readonly error?: string
+}
+
+/** A turn's tool-call attempt could not be read; for callers that prefer a typed failure to `Parsed.error`. */
+export class ToolCallParseError extends Schema.TaggedError<ToolCallParseError>()("ToolCallParseError", {
+  format: Format,
+  message: Schema.String,
+  text: Schema.String
+}) {}
+
+/** Parses one model turn. Pure and total: problems are reported in `error`, never thrown. */
+export const parse = (text: string, format: Format = "auto"): Parsed => {
+  const visible = stripThinking(text)
+  const resolved = format === "auto" ? detect(visible) : format
+  const found = readers[resolved](visible)
+  const calls = found.calls.map((call, i) => ({ id: `call_${i}`, name: call.name, arguments: call.arguments }))
+  const error = found.errors.length === 0 ? undefined : found.errors.join("; ")
+  const finalAnswer =
+    tagContent(visible, "answer") ??
+    found.finalAnswer ??
+    (calls.length === 0 && error === undefined ? visible.trim() : undefined)
+  return {
+    calls,
+    ...(finalAnswer === undefined ? {} : { finalAnswer }),
+    ...(error === undefined ? {} : { error })
+  }
+}
+
+/** `parse`, failing with `ToolCallParseError` when any attempt could not be read. */
+export const parseOrFail = (text: string, format: Format = "auto"): Effect.Effect<Parsed, ToolCallParseError> => {
+  const parsed = parse(text, format)
+  return parsed.error === undefined
+    ? Effect.succeed(parsed)
+    : Effect.fail(new ToolCallParseError({ format, message: parsed.error, text }))
+}
+
+/**
+ * Calls that a remote engine already parsed (OpenAI `tool_calls`). Their ids are kept, because the tool messages
+ * must answer them by id; an empty id becomes `call_<i>`. `arguments` is JSON text; `""` means no arguments.
+ */
+export const fromOpenAi = (toolCalls: ReadonlyArray<ToolCallWire>): Parsed => {
+  const calls: Array<ToolCall> = []
+  const errors: Array<string> = []
+  for (const [i, wire] of toolCalls.entries()) {
+    const name = wire.function.name.trim()
+    const args = readArguments(wire.function.arguments)
+    if (name === "") errors.push(`tool call ${i + 1}: missing "name"`)
+    else if (typeof args === "string") errors.push(`tool call ${i + 1}: ${name}: ${args}`)
+    else calls.push({ id: wire.id === "" ? `call_${i}` : wire.id, name, arguments: args })
+  }
+  return errors.length === 0 ? { calls } : { calls, error: errors.join("; ") }
+}
+
+/** Writes one call the way a model would in `format` (for demonstrations and SFT data). `parse` reads it back. */
+export const toText = (call: Call, format: WriteFormat): string => {
+  const args = pythonJson(call.arguments)
+  switch (format) {
+    case "hermes":
+      return `<tool_call>\n${pythonJson({ name: call.name, arguments: call.arguments })}\n</tool_call>`
+    case "json":
+      return pythonJson({ name: call.name, arguments: call.arguments })
+    case "xml":
+      return `<tool><name>${call.name}</name><arguments>${args}</arguments></tool>`
+    case "react":
+      return `Action: ${call.name}\nAction Input: ${args}`
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Readers: each returns the calls it could read and one message per attempt it could not.
+
+/** One attempt: the call it made, or the message saying why it could not be read. */
+type Attempt = Call | string
+
+interface Found {
+  readonly calls: ReadonlyArray<Call>
+  readonly errors: ReadonlyArray<string>
+  readonly finalAnswer?: string
+}
+
+const gather = (attempts: ReadonlyArray<Attempt>): Found => ({
+  calls: attempts.filter((a): a is Call => typeof a !== "string"),
+  errors: attempts.filter((a): a is string => typeof a === "string")
+})
+
+const at = (where: string, attempt: Attempt): Attempt =>
+  typeof attempt === "string" ? `${where}: ${attempt}` : attempt
+
+const detect = (text: string): WriteFormat => {
+  if (text.includes("<tool_call>")) return "hermes"
+  if (/<tool>/.test(text)) return "xml"
+  if (/^[ \t]*(Action|Final Answer)[ \t]*:/m.test(text)) return "react"
+  return "json"
+}
+
+const readHermes = (text: string): Found =>
+  gather(blocks(text, "tool_call").flatMap((body, i) => hermesBlock(body).map((a) => at(`<tool_call> ${i + 1}`, a))))
+
+const hermesBlock = (body: string): ReadonlyArray<Attempt> => {
+  const trimmed = stripFence(body.trim())
+  if (trimmed.startsWith("<function=")) return [readQwenCoder(trimmed)]
+  if (trimmed === "") return ["empty"]
+  const value = parseJsonLenient(trimmed)
+  if (!value.ok) return [`invalid JSON: ${value.error}`]
+  return (Array.isArray(value.value) ? value.value : [value.value]).map(callFromJson)
+}
+
+const readJson = (text: string): Found => {
+  const candidates = jsonCandidates(text)
+  // A turn that is nothing but `{"name": "x"}` is a call without arguments; inside prose that is just data.
+  const whole = candidates.length === 1 && stripFence(text.trim()) === candidates[0]!.source.trim()
+  const attempts = candidates.flatMap((candidate): ReadonlyArray<Attempt> => {
+    if (!candidate.value.ok) return [`invalid JSON: ${candidate.value.error}`]
+    const items: ReadonlyArray<unknown> = Array.isArray(candidate.value.value)
+      ? candidate.value.value
+      : [candidate.value.value]
+    return items.filter((item) => looksLikeCall(item, whole)).map(callFromJson)
+  })
+  return gather(attempts.map((a, i) => at(`tool call ${i + 1}`, a)))
+}
+
+const readXml = (text: string): Found =>
+  gather(blocks(text, "tool").map((body, i) => at(`<tool> ${i + 1}`, xmlBlock(body))))
+
+const xmlBlock = (body: string): Attempt => {
+  const name = tagContent(body, "name")?.trim() ?? ""
+  if (name === "") return "missing <name>"
+  const raw = tagContent(body, "arguments") ?? ""
+  const args = /^[{["]/.test(raw) ? readArguments(raw) : xmlFields(raw)
+  return typeof args === "string" ? `${name}: ${args}` : { name, arguments: args }
+}
+
+const readReact = (text: string): Found => {
+  const matches = [...text.matchAll(/^[ \t]*Action[ \t]*:[ \t]*(.*)$/gm)]
+  const attempts = matches.map((match, i) => {
+    const rest = text.slice(match.index + match[0].length, matches[i + 1]?.index ?? text.length)
+    return at(`Action ${i + 1}`, reactAction(match[1]!.trim().replace(/^`(.*)`$/, "$1"), rest))
+  })
+  const final = /^[ \t]*Final Answer[ \t]*:([\s\S]*)$/m.exec(text)
+  return final === null ? gather(attempts) : { ...gather(attempts), finalAnswer: final[1]!.trim() }
+}
+
+/** `name` from the `Action:` line; `rest` runs to the next `Action:` line. */
+const reactAction = (name: string, rest: string): Attempt => {
+  if (name === "") return "missing tool name"
+  const input = /^[ \t]*Action[ \t]*Input[ \t]*:[ \t]*/m.exec(rest)
+  if (input === null) return `${name}: missing "Action Input:"`
+  const body = stripFence(rest.slice(input.index + input[0].length).trimStart())
+  if (!body.startsWith("{")) return `${name}: Action Input must be a JSON object`
+  const span = scanJson(body, 0)
+  const args = readArguments(body.slice(0, span === -1 ? body.length : span))
+  return typeof args === "string" ? `${name}: ${args}` : { name, arguments: args }
+}
+
+const readers: Record<WriteFormat, (text: string) => Found> = {
+  hermes: readHermes,
+  json: readJson,
+  xml: readXml,
+  react: readReact
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Turning JSON values into calls.
+
+type Arguments = Record<string, unknown>
+
+/** A call, or why the value is not one. */
+const callFromJson = (value: unknown): Attempt => {
+  if (!isObject(value)) return 'expected a JSON object with "name" and "arguments"'
+  const inner = isObject(value.function) ? value.function : value // {"function": {"name", "arguments"}}
+  const name = inner.name
+  if (typeof name !== "string" || name.trim() === "") return 'missing "name"'
+  const raw = "arguments" in inner ? inner.arguments : inner.parameters
+  const args = readArguments(raw ?? {})
+  return typeof args === "string" ? `${name}: ${args}` : { name: name.trim(), arguments: args }
+}
+
+/** An arguments object, from an object or from JSON text holding one; else why not. */
+const readArguments = (raw: unknown): Arguments | string => {
+  if (typeof raw === "string") {
+    if (raw.trim() === "") return {}
+    const value = parseJsonLenient(raw.trim())
+    if (!value.ok) return `arguments: invalid JSON: ${value.error}`
+    return isObject(value.value) ? value.value : `arguments must be a JSON object, got ${kind(value.value)}`
+  }
+  if (raw === null || raw === undefined) return {}
+  return isObject(raw) ? raw : `arguments must be a JSON object, got ${kind(raw)}`
+}
+
+const looksLikeCall = (value: unknown, whole: boolean): boolean => {
+  if (!isObject(value)) return false
+  const inner = isObject(value.function) ? value.function : value
+  return typeof inner.name === "string" && (whole || "arguments" in inner || "parameters" in inner)
+}
+
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+
+const kind = (value: unknown): string => (value === null ? "null" : Array.isArray(value) ? "an array" : typeof value)
+
+/** `<function=name><parameter=k>v</parameter>…</function>` (Qwen3-Coder). Values are JSON when they parse. */
+const readQwenCoder = (body: string): Attempt => {
+  const head = /^<function=([^>\s]*)>/.exec(body)
+  const name = head?.[1]?.trim() ?? ""
+  if (name === "") return "missing function name"
+  const args: Arguments = {}
+  for (const m of body.matchAll(/<parameter=([^>\s]+)>([\s\S]*?)(?:<\/parameter>|(?=<parameter=)|<\/function>|$)/g)) {
+    args[m[1]!] = scalar(m[2]!.replace(/^\n/, "").replace(/\n$/, ""))
+  }
+  return { name, arguments: args }
+}
+
+/** `<k>v</k>` children as fields; values are JSON when they parse (`<a>2</a>` is 2), else the trimmed text. */
+const xmlFields = (body: string): Arguments | string => {
+  const args: Arguments = {}
+  let rest = body
+  for (const m of body.matchAll(/<([A-Za-z_][\w.-]*)>([\s\S]*?)<\/\1>/g)) {
+    args[m[1]!] = scalar(m[2]!.trim())
+    rest = rest.replace(m[0], "")
+  }
+  return rest.trim() === "" ? args : "arguments must be a JSON object or <key>value</key> elements"
+}
+
+const scalar = (text: string): unknown => {
+  const value = parseJson(text)
+  return value.ok ? value.value : text
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Text.
+
+type JsonResult = { readonly ok: true; readonly value: unknown } | { readonly ok: false; readonly error: string }
+
+const parseJson = (text: string): JsonResult => {
+  try {
+    return { ok: true, value: JSON.parse(text) }
+  } catch (e) {
+    // Node adds "(line 1 column 26)" and sometimes quotes the input: keep the first clause, it names the position.
+    const message = e instanceof Error ? e.message : "not JSON"
+    return {
+      ok: false,
+      error: message.replace(/\s*\(line \d+ column \d+\)/, "").replace(/, (\.\.\.)?"[\s\S]*" is not valid JSON$/, "")
+    }
+  }
+}
+
+/** JSON text, or its first complete value when only whitespace or stray closing braces follow (a common slip). */
+const parseJsonLenient = (text: string): JsonResult => {
+  const strict = parseJson(text)
+  if (strict.ok || !(text.startsWith("{") || text.startsWith("["))) return strict
+  const end = scanJson(text, 0)
+  if (end === -1 || !/^[\s}\]]*$/.test(text.slice(end))) return strict
+  const first = parseJson(text.slice(0, end))
+  return first.ok ? first : strict
+}
+
+/**
+ * The index just past the JSON object or array that opens at `start`, or -1 when it never closes. Braces inside
+ * strings (with their escapes) are not counted.
+ */
+const scanJson = (text: string, start: number): number => {
+  let depth = 0
+  let inString = false
+  for (let i = start; i < text.length; i++) {
+    const c = text[i]
+    if (inString) {
+      if (c === "\\") i++
+      else if (c === '"') inString = false
+    } else if (c === '"') inString = true
+    else if (c === "{" || c === "[") depth++
+    else if (c === "}" || c === "]") {
+      depth--
+      if (depth === 0) return i + 1
+    }
+  }
+  return -1
+}
+
+/**
+ * Every top-level `{…}` / `[…]` in the text that parses, and every one that does not but names a `"name"` key (a
+ * broken call). An unclosed one runs to the end. Other brackets are prose ("see [1]", "{x | x > 0}"): skipped one
+ * character at a time, so a call nested in them is still found.
+ */
+const jsonCandidates = (text: string): Array<{ readonly source: string; readonly value: JsonResult }> => {
+  const out: Array<{ readonly source: string; readonly value: JsonResult }> = []
+  let i = 0
+  while (i < text.length) {
+    const c = text[i]
+    if (c !== "{" && c !== "[") {
+      i++
+      continue
+    }
+    const end = scanJson(text, i)
+    const source = text.slice(i, end === -1 ? text.length : end)
+    const value = parseJsonLenient(source)
+    if (!value.ok && !/"name"\s*:/.test(source)) {
+      i++
+      continue
+    }
+    out.push({ source, value })
+    i = end === -1 ? text.length : end
+  }
+  return out
+}
+
+/** Bodies of `<tag>…</tag>`; the last one may lack its closing tag. */
+const blocks = (text: string, tag: string): Array<string> => {
+  const open = `<${tag}>`
+  const close = `</${tag}>`
+  const out: Array<string> = []
+  let at = text.indexOf(open)
+  while (at !== -1) {
+    const from = at + open.length
+    const end = text.indexOf(close, from)
+    const next = text.indexOf(open, from)
+    if (end === -1 || (next !== -1 && next < end)) {
+      out.push(text.slice(from, next === -1 ? text.length : next))
+      at = next
+    } else {
+      out.push(text.slice(from, end))
+      at = text.indexOf(open, end + close.length)
+    }
+  }
+  return out
+}
+
+/** The trimmed body of the first `<tag>…</tag>` (closing tag optional), or undefined. */
+const tagContent = (text: string, tag: string): string | undefined => {
+  const body = blocks(text, tag)[0]
+  return body === undefined ? undefined : body.trim()
+}
+
+const stripThinking = (text: string): string => {
+  let out = text.replace(/<think>[\s\S]*?<\/think>/g, "")
+  const lone = out.indexOf("</think>")
+  if (lone !== -1) out = out.slice(lone + "</think>".length) // `<think>` was part of the prompt
+  const open = out.indexOf("<think>")
+  if (open !== -1) out = out.slice(0, open) // thinking cut off by the length limit
+  return out
+}
+
+const stripFence = (text: string): string => {
+  const m = /^```[\w-]*[ \t]*\n([\s\S]*?)\n?```\s*$/.exec(text)
+  return m === null ? text : m[1]!.trim()
+}
+
+/** JSON with Python's `json.dumps` separators (`", "`, `": "`), as Qwen's and Hermes' chat templates render it. */
+const pythonJson = (value: unknown): string => {
+  if (Array.isArray(value)) return `[${value.map(pythonJson).join(", ")}]`
+  if (isObject(value)) {
+    return `{${Object.entries(value)
+      .map(([k, v]) => `${JSON.stringify(k)}: ${pythonJson(v)}`)
+      .join(", ")}}`
+  }
+  return JSON.stringify(value) ?? "null"
+}

@@ -1,0 +1,323 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Exit } from "effect"
+import * as ToolCallParser from "../../src/env/ToolCallParser.ts"
+
+const { parse } = ToolCallParser
+
+describe("ToolCallParser.parse (hermes)", () => {
+  it("reads several <tool_call> blocks in one turn, numbering them call_0, call_1", () => {
+    const text = `I'll add, then echo.
+<tool_call>
+{"name": "add", "arguments": {"a": 2, "b": 3}}
+</tool_call>
+<tool_call>
+{"name": "echo", "arguments": {"text": "hi"}}
+</tool_call>`
+    assert.deepStrictEqual(parse(text, "hermes"), {
+      calls: [
+        { id: "call_0", name: "add", arguments: { a: 2, b: 3 } },
+        { id: "call_1", name: "echo", arguments: { text: "hi" } }
+      ]
+    })
+  })
+
+  it("accepts arguments given as a JSON string (Qwen3), braces inside strings included", () => {
+    const text = `<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"a } b { c\\", \\"n\\": {\\"k\\": [1, 2]}}"}</tool_call>`
+    assert.deepStrictEqual(parse(text, "hermes").calls, [
+      { id: "call_0", name: "echo", arguments: { text: "a } b { c", n: { k: [1, 2] } } }
+    ])
+  })
+
+  it("reads nested argument objects whose strings contain braces and escaped quotes", () => {
+    const text = `<tool_call>{"name": "write", "arguments": {"path": "x.json", "content": "{\\"a\\": \\"}\\"}", "opts": {"mode": "w"}}}</tool_call>`
+    assert.deepStrictEqual(parse(text, "hermes").calls[0]!.arguments, {
+      path: "x.json",
+      content: '{"a": "}"}',
+      opts: { mode: "w" }
+    })
+  })
+
+  it("reads a last block whose </tool_call> was swallowed as a stop string", () => {
+    assert.deepStrictEqual(parse(`<tool_call>\n{"name": "now", "arguments": {}}\n`).calls, [
+      { id: "call_0", name: "now", arguments: {} }
+    ])
+  })
+
+  it("forgives a stray closing brace after the object, a slip small models make", () => {
+    assert.deepStrictEqual(parse(`<tool_call>{"name": "add", "arguments": {"a": 1}}}</tool_call>`).calls, [
+      { id: "call_0", name: "add", arguments: { a: 1 } }
+    ])
+  })
+
+  it("reads `parameters` as arguments, and a missing arguments key as no arguments", () => {
+    const text = `<tool_call>{"name": "a", "parameters": {"x": 1}}</tool_call><tool_call>{"name": "b"}</tool_call>`
+    assert.deepStrictEqual(parse(text).calls, [
+      { id: "call_0", name: "a", arguments: { x: 1 } },
+      { id: "call_1", name: "b", arguments: {} }
+    ])
+  })
+
+  it("reads Qwen3-Coder's XML body inside <tool_call>; values that are JSON become JSON", () => {
+    const text = `<tool_call>
+<function=add>
+<parameter=a>
+2
+</parameter>
+<parameter=label>
+two plus
+</parameter>
+</function>
+</tool_call>`
+    assert.deepStrictEqual(parse(text).calls, [{ id: "call_0", name: "add", arguments: { a: 2, label: "two plus" } }])
+  })
+
+  it("ignores calls written inside <think>, and a lone </think> whose <think> was in the prompt", () => {
+    const thought = `<think>maybe <tool_call>{"name": "wrong", "arguments": {}}</tool_call></think>
+<tool_call>{"name": "right", "arguments": {}}</tool_call>`
+    assert.deepStrictEqual(
+      parse(thought).calls.map((c) => c.name),
+      ["right"]
+    )
+    const promptOpened = `I could call <tool_call>{"name": "wrong", "arguments": {}}</tool_call></think>
+<tool_call>{"name": "right", "arguments": {}}</tool_call>`
+    assert.deepStrictEqual(
+      parse(promptOpened).calls.map((c) => c.name),
+      ["right"]
+    )
+  })
+
+  it("reports malformed JSON with its position, and keeps the calls that did parse", () => {
+    // position 37 is the "}" after the trailing comma in {"a": 1,}
+    const text = `<tool_call>{"name": "ok", "arguments": {}}</tool_call>
+<tool_call>{"name": "add", "arguments": {"a": 1,}}</tool_call>`
+    assert.deepStrictEqual(parse(text), {
+      calls: [{ id: "call_0", name: "ok", arguments: {} }],
+      error: "<tool_call> 2: invalid JSON: Expected double-quoted property name in JSON at position 37"
+    })
+  })
+
+  it("reports a missing name, non-object arguments and an empty block", () => {
+    assert.strictEqual(parse(`<tool_call>{"arguments": {}}</tool_call>`).error, `<tool_call> 1: missing "name"`)
+    assert.strictEqual(
+      parse(`<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>`).error,
+      "<tool_call> 1: add: arguments must be a JSON object, got an array"
+    )
+    assert.strictEqual(
+      parse(`<tool_call>{"name": "add", "arguments": "{oops"}</tool_call>`).error,
+      "<tool_call> 1: add: arguments: invalid JSON: Expected property name or '}' in JSON at position 1"
+    )
+    assert.strictEqual(parse(`<tool_call>  </tool_call>`).error, "<tool_call> 1: empty")
+  })
+
+  it("gives no finalAnswer when the turn makes calls or fails to", () => {
+    assert.isUndefined(parse(`Let me check.<tool_call>{"name": "a", "arguments": {}}</tool_call>`).finalAnswer)
+    assert.isUndefined(parse(`<tool_call>{"name": </tool_call>`).finalAnswer)
+  })
+})
+
+describe("ToolCallParser.parse (json)", () => {
+  it("reads a bare object that is the whole turn, even without arguments", () => {
+    assert.deepStrictEqual(parse(`{"name": "add", "arguments": {"a": 1}}`, "json").calls, [
+      { id: "call_0", name: "add", arguments: { a: 1 } }
+    ])
+    assert.deepStrictEqual(parse(`  {"name": "list_files"}  `, "json").calls, [
+      { id: "call_0", name: "list_files", arguments: {} }
+    ])
+  })
+
+  it("reads an array of calls inside a ```json fence, braces inside strings included", () => {
+    const text =
+      "Two calls:\n```json\n" + `[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"q": "} { ]"}}]` + "\n```"
+    assert.deepStrictEqual(parse(text, "json").calls, [
+      { id: "call_0", name: "a", arguments: {} },
+      { id: "call_1", name: "b", arguments: { q: "} { ]" } }
+    ])
+  })
+
+  it("reads calls embedded in prose, but not data objects that merely have a name", () => {
+    const text = `The user {"name": "Bob"} wants a search: {"name": "search", "arguments": {"query": "x"}}. See [1].`
+    assert.deepStrictEqual(parse(text, "json").calls, [{ id: "call_0", name: "search", arguments: { query: "x" } }])
+  })
+
+  it("reads the OpenAI-style {function: {name, arguments}} object with string arguments", () => {
+    assert.deepStrictEqual(parse(`{"function": {"name": "add", "arguments": "{\\"a\\": 1}"}}`, "json").calls, [
+      { id: "call_0", name: "add", arguments: { a: 1 } }
+    ])
+  })
+
+  it("reports a broken object that names a tool, but ignores other braces in prose", () => {
+    assert.strictEqual(
+      parse(`Calling {"name": "add", "arguments": {"a": 1`, "json").error,
+      "tool call 1: invalid JSON: Expected ',' or '}' after property value in JSON at position 36"
+    )
+    assert.deepStrictEqual(parse(`The set {x | x > 0} is open.`, "json"), {
+      calls: [],
+      finalAnswer: "The set {x | x > 0} is open."
+    })
+  })
+})
+
+describe("ToolCallParser.parse (xml)", () => {
+  it("reads several <tool> blocks, with JSON arguments or <key>value</key> arguments", () => {
+    const text = `<tool><name>add</name><arguments><a>2</a><b>3.5</b><label>sum it</label></arguments></tool>
+<tool><name>echo</name><arguments>{"text": "</arguments> is fine {here}"}</arguments></tool>`
+    // the second body's JSON string contains "</arguments>": the first closing tag ends the element, so it is broken
+    const parsed = parse(text, "xml")
+    assert.deepStrictEqual(parsed.calls, [{ id: "call_0", name: "add", arguments: { a: 2, b: 3.5, label: "sum it" } }])
+    assert.strictEqual(
+      parsed.error,
+      `<tool> 2: echo: arguments: invalid JSON: Unterminated string in JSON at position 10`
+    )
+  })
+
+  it("reads JSON arguments with nested braces, and a call without arguments", () => {
+    const text = `<tool><name>write</name><arguments>{"data": {"k": "{}"}}</arguments></tool><tool><name>now</name></tool>`
+    assert.deepStrictEqual(parse(text).calls, [
+      { id: "call_0", name: "write", arguments: { data: { k: "{}" } } },
+      { id: "call_1", name: "now", arguments: {} }
+    ])
+  })
+
+  it("reports a block without a name", () => {
+    assert.strictEqual(parse(`<tool><arguments>{}</arguments></tool>`).error, "<tool> 1: missing <name>")
+  })
+})
+
+describe("ToolCallParser.parse (react)", () => {
+  it("reads several Action / Action Input pairs, multi-line JSON included", () => {
+    const text = `Thought: I need two things.
+Action: add
+Action Input: {"a": 1,
+  "b": {"c": "}"}}
+Observation: 3
+Action: \`mul\`
+Action Input: {"a": 2}`
+    assert.deepStrictEqual(parse(text, "react").calls, [
+      { id: "call_0", name: "add", arguments: { a: 1, b: { c: "}" } } },
+      { id: "call_1", name: "mul", arguments: { a: 2 } }
+    ])
+  })
+
+  it("takes Final Answer as the answer", () => {
+    assert.deepStrictEqual(parse("Thought: done.\nFinal Answer: 42 apples\n", "react"), {
+      calls: [],
+      finalAnswer: "42 apples"
+    })
+  })
+
+  it("reports an Action without a JSON-object input", () => {
+    assert.strictEqual(
+      parse("Action: add\nAction Input: 1, 2", "react").error,
+      "Action 1: add: Action Input must be a JSON object"
+    )
+    assert.strictEqual(parse("Action: add\nThought: hmm", "react").error, `Action 1: add: missing "Action Input:"`)
+  })
+})
+
+describe("ToolCallParser.parse (auto and answers)", () => {
+  it("detects each format by its marker", () => {
+    const name = (text: string) => parse(text).calls.map((c) => c.name)
+    assert.deepStrictEqual(name(`<tool_call>{"name": "h", "arguments": {}}</tool_call>`), ["h"])
+    assert.deepStrictEqual(name(`<tool><name>x</name><arguments>{}</arguments></tool>`), ["x"])
+    assert.deepStrictEqual(name(`Action: r\nAction Input: {}`), ["r"])
+    assert.deepStrictEqual(name(`{"name": "j", "arguments": {}}`), ["j"])
+  })
+
+  it("takes <answer>…</answer> as the answer, with or without calls beside it", () => {
+    assert.deepStrictEqual(parse("Reasoning… <answer> 7 </answer>"), { calls: [], finalAnswer: "7" })
+    assert.strictEqual(
+      parse(`<tool_call>{"name": "log", "arguments": {}}</tool_call><answer>done</answer>`).finalAnswer,
+      "done"
+    )
+  })
+
+  it("takes plain text, without thinking and surrounding space, as the answer", () => {
+    assert.deepStrictEqual(parse("<think>2 + 3 …</think>\n  The answer is 5.  \n"), {
+      calls: [],
+      finalAnswer: "The answer is 5."
+    })
+  })
+
+  it("drops thinking cut off by the length limit", () => {
+    assert.deepStrictEqual(parse("Partial. <think>and then <tool_call>{"), { calls: [], finalAnswer: "Partial." })
+  })
+})
+
+describe("ToolCallParser.fromOpenAi", () => {
+  it('keeps the engine\'s ids, reads JSON-string arguments and treats "" as no arguments', () => {
+    const parsed = ToolCallParser.fromOpenAi([
+      { id: "call_abc", type: "function", function: { name: "add", arguments: `{"a": 1, "s": "}{"}` } },
+      { id: "", type: "function", function: { name: "now", arguments: "" } }
+    ])
+    assert.deepStrictEqual(parsed, {
+      calls: [
+        { id: "call_abc", name: "add", arguments: { a: 1, s: "}{" } },
+        { id: "call_1", name: "now", arguments: {} }
+      ]
+    })
+  })
+
+  it("reports arguments that are not a JSON object", () => {
+    const parsed = ToolCallParser.fromOpenAi([
+      { id: "c1", type: "function", function: { name: "add", arguments: "[1]" } }
+    ])
+    assert.deepStrictEqual(parsed, {
+      calls: [],
+      error: "tool call 1: add: arguments must be a JSON object, got an array"
+    })
+  })
+})
+
+describe("ToolCallParser.toText", () => {
+  const call = { name: "add", arguments: { a: 2, b: [1, { c: "x}" }] } }
+
+  it("writes each format as a model would (Python json separators)", () => {
+    assert.strictEqual(
+      ToolCallParser.toText(call, "hermes"),
+      `<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": [1, {"c": "x}"}]}}\n</tool_call>`
+    )
+    assert.strictEqual(
+      ToolCallParser.toText(call, "react"),
+      `Action: add\nAction Input: {"a": 2, "b": [1, {"c": "x}"}]}`
+    )
+    assert.strictEqual(
+      ToolCallParser.toText(call, "xml"),
+      `<tool><name>add</name><arguments>{"a": 2, "b": [1, {"c": "x}"}]}</arguments></tool>`
+    )
+  })
+
+  it("is read back by parse, in every format, two calls to a turn", () => {
+    for (const format of ["hermes", "json", "xml", "react"] as const) {
+      const text = [call, { name: "now", arguments: {} }].map((c) => ToolCallParser.toText(c, format)).join("\n")
+      assert.deepStrictEqual(
+        parse(text, format).calls,
+        [
+          { id: "call_0", ...call },
+          { id: "call_1", name: "now", arguments: {} }
+        ],
+        format
+      )
+      assert.deepStrictEqual(parse(text, "auto").calls.length, 2, `auto on ${format}`)
+    }
+  })
+})
+
+describe("ToolCallParser.parseOrFail", () => {
+  it.effect("fails with a ToolCallParseError naming the format and the problem", () =>
+    Effect.gen(function* () {
+      const exit = yield* Effect.exit(ToolCallParser.parseOrFail(`<tool_call>{"arguments": {}}</tool_call>`, "hermes"))
+      assert.isTrue(Exit.isFailure(exit))
+      const error = yield* Effect.flip(ToolCallParser.parseOrFail(`<tool_call>{"arguments": {}}</tool_call>`, "hermes"))
+      assert.strictEqual(error._tag, "ToolCallParseError")
+      assert.strictEqual(error.format, "hermes")
+      assert.strictEqual(error.message, `<tool_call> 1: missing "name"`)
+    })
+  )
+
+  it.effect("succeeds on text without tool calls", () =>
+    Effect.gen(function* () {
+      const parsed = yield* ToolCallParser.parseOrFail("Just 5.")
+      assert.deepStrictEqual(parsed, { calls: [], finalAnswer: "Just 5." })
+    })
+  )
+})
