@@ -1,0 +1,8 @@
+export * as Advantages from "./Advantages.ts"
+export * as Diagnostics from "./Diagnostics.ts"
+export * as Entropy from "./Entropy.ts"
+export * as Kl from "./Kl.ts"
+export * as Matrix from "./Matrix.ts"
+export * as OffPolicyCorrection from "./OffPolicyCorrection.ts"
+export * as PolicyLoss from "./PolicyLoss.ts"
+export * as Reduction from "./Reduction.ts"
