@@ -1,0 +1,87 @@
+/**
+ * The episode log: every TrajectoryGroup appended to `<run dir>/episodes.jsonl` as one schema-encoded JSON line,
+ * written and fsync'd before `append` returns, so a crash loses at most the line being written. The same file is
+ * the trainer's replay source, the resume journal's evidence and the report's data.
+ *
+ * Reading tolerates a torn last line (a crash mid-write): it is skipped with a warning. A bad line anywhere else is
+ * an error naming the file and line, since it means the file was edited or corrupted.
+ */
+import { Context, Effect, FileSystem, Layer, Path, Schema, Semaphore, Stream } from "effect"
+import { TrajectoryGroup } from "../domain/Trajectory.ts"
+
+export class EpisodeLogError extends Schema.TaggedError<EpisodeLogError>()("EpisodeLogError", {
+  file: Schema.String,
+  line: Schema.optionalKey(Schema.Int),
+  message: Schema.String
+}) {}
+
+export class EpisodeLog extends Context.Service<
+  EpisodeLog,
+  {
+    readonly file: string
+    /** Append one group; durable (fsync'd) when this succeeds. */
+    readonly append: (group: TrajectoryGroup) => Effect.Effect<void, EpisodeLogError>
+  }
+>()("rl/store/EpisodeLog") {}
+
+const encodeLine = Schema.encodeSync(Schema.fromJsonString(TrajectoryGroup))
+const decodeLine = Schema.decodeUnknownExit(Schema.fromJsonString(TrajectoryGroup))
+
+export const fileName = "episodes.jsonl"
+
+/** Open (create or append to) `<dir>/episodes.jsonl`. The file handle closes with the scope. */
+export const make = Effect.fn("EpisodeLog.make")(function* (dir: string) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(dir, fileName)
+  const fail = (message: string) => (cause: { readonly message: string }) =>
+    new EpisodeLogError({ file, message: `${message}: ${cause.message}` })
+  yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail("cannot create run directory")))
+  const handle = yield* fs.open(file, { flag: "a" }).pipe(Effect.mapError(fail("cannot open")))
+  const encoder = new TextEncoder()
+  const lock = yield* Semaphore.make(1) // lines from concurrent producers never interleave
+  const append = (group: TrajectoryGroup) =>
+    Semaphore.withPermit(lock)(
+      Effect.gen(function* () {
+        const line = yield* Effect.try({
+          try: () => `${encodeLine(group)}\n`,
+          catch: (cause) =>
+            new EpisodeLogError({ file, message: `cannot encode group ${group.promptUid}: ${String(cause)}` })
+        })
+        yield* handle.writeAll(encoder.encode(line)).pipe(Effect.mapError(fail("write failed")))
+        yield* handle.sync.pipe(Effect.mapError(fail("fsync failed")))
+      })
+    )
+  return EpisodeLog.of({ file, append })
+})
+
+export const layer = (dir: string): Layer.Layer<EpisodeLog, EpisodeLogError, FileSystem.FileSystem | Path.Path> =>
+  Layer.effect(EpisodeLog, make(dir))
+
+/**
+ * Stream the groups of an episode log in order. A torn last line is skipped with a warning; any other bad line fails.
+ */
+export const read = (file: string): Stream.Stream<TrajectoryGroup, EpisodeLogError, FileSystem.FileSystem> =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    const text = yield* fs
+      .readFileString(file)
+      .pipe(Effect.mapError((cause) => new EpisodeLogError({ file, message: `cannot read: ${cause.message}` })))
+    const lines = text.split("\n")
+    const complete = text.endsWith("\n") // the last element is "" when every line was finished
+    const last = complete ? lines.length - 2 : lines.length - 1
+    return Stream.fromIterable(lines.map((line, i) => ({ line, i }))).pipe(
+      Stream.filter(({ line }) => line.trim() !== ""),
+      Stream.mapEffect(({ line, i }) => {
+        const exit = decodeLine(line)
+        if (exit._tag === "Success") return Effect.succeed([exit.value])
+        if (i === last) {
+          return Effect.logWarning(
+            `${file}:${i + 1}: skipping torn last line (${line.length} bytes; a crash mid-write)`
+          ).pipe(Effect.as([]))
+        }
+        return Effect.fail(new EpisodeLogError({ file, line: i + 1, message: `line ${i + 1} is not a valid group` }))
+      }),
+      Stream.flatMap((groups) => Stream.fromIterable(groups))
+    )
+  }).pipe(Stream.unwrap)
