@@ -1,0 +1,5 @@
+export * as AutoTokenizer from "./AutoTokenizer.ts"
+export * as ByteTokenizer from "./ByteTokenizer.ts"
+export * as ChatTemplate from "./ChatTemplate.ts"
+export * as HfTokenizer from "./HfTokenizer.ts"
+export * as Tokenizer from "./Tokenizer.ts"
