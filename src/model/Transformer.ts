@@ -1,0 +1,555 @@
+/**
+ * A decoder-only transformer of the Qwen3 / Qwen2 / Llama family in TensorFlow.js, numerically the HF forward:
+ * pre-norm blocks of RMSNorm → grouped-query attention with RoPE (HF `rotate_half` convention) → residual, RMSNorm →
+ * SiLU-gated MLP → residual, a final RMSNorm and a tied or untied LM head.
+ *
+ * Departures from the HF code, on purpose (none changes the maths):
+ * 1. Linear weights are held TRANSPOSED, `[in, out]`, so every projection is `x @ W` on a 2-D `x`: the wasm backend
+ *    runs only untransposed, unbatched matmuls on XNNPACK (~10× faster). The variables still carry HF names; the
+ *    HF `[out, in]` layout is restored on save/snapshot (`toHfArrays`). `lm_head` (untied) is held as `[D, V]`; a tied
+ *    head reuses `embed_tokens` `[V, D]`, transposed once per forward (or once per weight version for inference).
+ * 2. Linear gradients go through `linear` (a custom gradient) that transposes explicitly, so the backward matmuls
+ *    are untransposed too.
+ * 3. Grouped-query attention does not repeat K/V: the `rep = H / Hkv` query heads sharing one KV head are stacked
+ *    along the query axis, `[B, Hkv, rep·T, hd]`, and meet their KV head in one batched matmul.
+ * 4. RoPE's `rotate_half` is a fixed `[hd, hd]` signed permutation matmul, and the attention scale 1/√hd is folded into
+ *    the query's cos/sin tables.
+ * 5. Masked scores are −1e9, not −inf, so rows with no visible key (left padding) stay finite.
+ * 6. For inference, `inferenceView` fuses q/k/v into one `[D, (H+2Hkv)·hd]` matmul and gate/up into one `[D, 2I]`
+ *    (LoRA adapters merged), which halves the kernel count of a decode step.
+ *
+ * Legend: B batch, T new tokens, L cached + new tokens (keys), D hidden, H heads, Hkv KV heads, hd head dim, I MLP
+ * width, V vocab.
+ */
+import * as tf from "@tensorflow/tfjs"
+import type { TransformerConfig } from "./ModelConfig.ts"
+import * as Prng from "./Prng.ts"
+
+/** A LoRA adapter on one linear module (see Lora.ts): `y += dropout(x) @ A @ B · scale`. */
+export interface Adapter {
+  readonly a: tf.Variable // Aᵀ [in, r]   (PEFT lora_A.weight is [r, in])
+  readonly b: tf.Variable // Bᵀ [r, out]  (PEFT lora_B.weight is [out, r])
+  readonly scale: number // alpha / r
+  readonly dropout: number
+}
+
+export interface Transformer {
+  readonly config: TransformerConfig
+  /** HF tensor name → variable. Linear weights (`*_proj.weight`, `lm_head.weight`) are held transposed `[in, out]`. */
+  readonly params: ReadonlyMap<string, tf.Variable>
+  /** HF module name (`model.layers.0.self_attn.q_proj`) → adapter. Empty unless LoRA is attached. */
+  readonly adapters: Map<string, Adapter>
+  /** Unique per process: tfjs variable names are global, so ours are `t<id>/<hf name>`. */
+  readonly id: number
+}
+
+export interface ParameterSpec {
+  readonly name: string // HF name
+  readonly hfShape: ReadonlyArray<number> // shape as HF stores it
+  readonly transposed: boolean // held as the transpose of hfShape
+  readonly init: "normal" | "ones" | "zeros"
+}
+
+/** True for tensors HF stores `[out, in]` that we hold `[in, out]`. */
+export const isTransposed = (name: string): boolean => name.endsWith("_proj.weight") || name === "lm_head.weight"
+
+/** Every parameter of the architecture, in HF order and layout. */
+export const parameterSpecs = (c: TransformerConfig): ReadonlyArray<ParameterSpec> => {
+  const specs: Array<ParameterSpec> = []
+  const add = (name: string, hfShape: ReadonlyArray<number>, init: ParameterSpec["init"]) =>
+    specs.push({ name, hfShape, transposed: isTransposed(name), init })
+  const D = c.hiddenSize
+  const qDim = c.numHeads * c.headDim
+  const kvDim = c.numKvHeads * c.headDim
+  add("model.embed_tokens.weight", [c.vocabSize, D], "normal")
+  for (let l = 0; l < c.numLayers; l++) {
+    const p = `model.layers.${l}`
+    add(`${p}.input_layernorm.weight`, [D], "ones")
+    add(`${p}.self_attn.q_proj.weight`, [qDim, D], "normal")
+    add(`${p}.self_attn.k_proj.weight`, [kvDim, D], "normal")
+    add(`${p}.self_attn.v_proj.weight`, [kvDim, D], "normal")
+    if (c.attentionBias) {
+      add(`${p}.self_attn.q_proj.bias`, [qDim], "zeros")
+      add(`${p}.self_attn.k_proj.bias`, [kvDim], "zeros")
+      add(`${p}.self_attn.v_proj.bias`, [kvDim], "zeros")
+    }
+    if (c.qkNorm) {
+      add(`${p}.self_attn.q_norm.weight`, [c.headDim], "ones")
+      add(`${p}.self_attn.k_norm.weight`, [c.headDim], "ones")
+    }
+    add(`${p}.self_attn.o_proj.weight`, [D, qDim], "normal")
+    add(`${p}.post_attention_layernorm.weight`, [D], "ones")
+    add(`${p}.mlp.gate_proj.weight`, [c.intermediateSize, D], "normal")
+    add(`${p}.mlp.up_proj.weight`, [c.intermediateSize, D], "normal")
+    add(`${p}.mlp.down_proj.weight`, [D, c.intermediateSize], "normal")
+  }
+  add("model.norm.weight", [D], "ones")
+  if (!c.tieWordEmbeddings) add("lm_head.weight", [c.vocabSize, D], "normal")
+  return specs
+}
+
+/** Transpose a row-major `[rows, cols]` array. */
+export const transpose2d = (data: Float32Array, rows: number, cols: number): Float32Array => {
+  const out = new Float32Array(data.length)
+  for (let r = 0; r < rows; r++) {
+    const src = r * cols
+    for (let c = 0; c < cols; c++) out[c * rows + r] = data[src + c]!
+  }
+  return out
+}
+
+let nextId = 0
+
+/**
+ * Build a model from HF-layout arrays (`get(name)` returns HF shape + data; a missing tied `lm_head` is fine).
+ * Throws when a tensor is missing or has the wrong shape.
+ */
+export const fromHfArrays = (
+  config: TransformerConfig,
+  get: (name: string) => { readonly shape: ReadonlyArray<number>; readonly data: Float32Array } | undefined
+): Transformer => {
+  const id = nextId++
+  const params = new Map<string, tf.Variable>()
+  try {
+    for (const spec of parameterSpecs(config)) {
+      const found = get(spec.name)
+      if (found === undefined) throw new Error(`missing tensor ${spec.name}`)
+      if (found.shape.length !== spec.hfShape.length || found.shape.some((d, i) => d !== spec.hfShape[i])) {
+        throw new Error(
+          `tensor ${spec.name} has shape [${found.shape.join(", ")}], expected [${spec.hfShape.join(", ")}]`
+        )
+      }
+      params.set(spec.name, makeVariable(id, spec, found.data))
+    }
+  } catch (e) {
+    for (const v of params.values()) v.dispose()
+    throw e
+  }
+  return { config, params, adapters: new Map(), id }
+}
+
+const makeVariable = (id: number, spec: ParameterSpec, hfData: Float32Array): tf.Variable => {
+  const [rows, cols] = spec.hfShape
+  const data = spec.transposed ? transpose2d(hfData, rows!, cols!) : hfData
+  const shape = spec.transposed ? [cols!, rows!] : [...spec.hfShape]
+  return tf.tidy(() => tf.variable(tf.tensor(data, shape, "float32"), true, `t${id}/${spec.name}`))
+}
+
+/**
+ * A fresh random model, as HF initialises one: linear and embedding weights ~ N(0, initializerRange²), norms 1,
+ * biases 0. Deterministic in `seed` (our own PRNG, not tfjs').
+ */
+export const init = (config: TransformerConfig, seed = 0, initializerRange = 0.02): Transformer => {
+  const prng = Prng.make(seed)
+  const arrays = new Map<string, Float32Array>()
+  for (const spec of parameterSpecs(config)) {
+    const size = spec.hfShape.reduce((a, b) => a * b, 1)
+    const data = new Float32Array(size)
+    if (spec.init === "ones") data.fill(1)
+    else if (spec.init === "normal") for (let i = 0; i < size; i++) data[i] = prng.normal() * initializerRange
+    arrays.set(spec.name, data)
+  }
+  const shapes = new Map(parameterSpecs(config).map((s) => [s.name, s.hfShape]))
+  return fromHfArrays(config, (name) => {
+    const data = arrays.get(name)
+    return data === undefined ? undefined : { shape: shapes.get(name)!, data }
+  })
+}
+
+/** All weights in HF layout and names (linear weights transposed back to `[out, in]`). Reads synchronously. */
+export const toHfArrays = (
+  model: Transformer
+): Array<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }> =>
+  parameterSpecs(model.config).map((spec) => {
+    const held = model.params.get(spec.name)!.dataSync() as Float32Array
+    const data = spec.transposed ? transpose2d(held, spec.hfShape[1]!, spec.hfShape[0]!) : new Float32Array(held)
+    return { name: spec.name, shape: spec.hfShape, data }
+  })
+
+/** Overwrite one weight from HF-layout data (in place: the variable keeps its identity, so optimizers still hold it). */
+export const assignHf = (model: Transformer, name: string, shape: ReadonlyArray<number>, data: Float32Array): void => {
+  const variable = model.params.get(name)
+  if (variable === undefined) throw new Error(`unknown weight ${name}`)
+  const transposed = isTransposed(name)
+  const heldShape = transposed ? [shape[1]!, shape[0]!] : [...shape]
+  if (heldShape.length !== variable.shape.length || heldShape.some((d, i) => d !== variable.shape[i])) {
+    throw new Error(`weight ${name}: shape [${shape.join(", ")}] does not match the model`)
+  }
+  const held = transposed ? transpose2d(data, shape[0]!, shape[1]!) : data
+  tf.tidy(() => variable.assign(tf.tensor(held, heldShape, "float32")))
+}
+
+/** The variables an optimizer should update: the adapters when LoRA is attached, else every weight. */
+export const trainableVariables = (model: Transformer): Array<tf.Variable> =>
+  model.adapters.size > 0 ? [...model.adapters.values()].flatMap((a) => [a.a, a.b]) : [...model.params.values()]
+
+export const dispose = (model: Transformer): void => {
+  for (const v of model.params.values()) v.dispose()
+  for (const a of model.adapters.values()) {
+    a.a.dispose()
+    a.b.dispose()
+  }
+  model.adapters.clear()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Forward
+
+/** `x @ W` for 2-D x with untransposed matmuls in both directions (see the module header, point 2). */
+export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.customGrad(
+  // biome-ignore lint/suspicious/noExplicitAny: tfjs' CustomGradientFunc types its inputs as Tensor[] spread
+  ((x: tf.Tensor2D, w: tf.Tensor2D, save: any) => {
+    save([x, w])
+    return {
+      value: tf.matMul(x, w), // [N, out]
+      gradFunc: (dy: tf.Tensor2D, saved: Array<tf.Tensor2D>) => {
+        const [xs, ws] = saved as [tf.Tensor2D, tf.Tensor2D]
+        return [tf.matMul(dy, tf.transpose(ws)), tf.matMul(tf.transpose(xs), dy)] // dx [N, in], dW [in, out]
+      }
+    }
+    // biome-ignore lint/suspicious/noExplicitAny: see above
+  }) as any
+) as unknown as (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
+
+/** One projection: `x @ W (+ b) (+ dropout(x) @ A @ B · scale)`. */
+interface Projection {
+  readonly w: tf.Tensor2D // [in, out]
+  readonly b?: tf.Tensor1D // [out]
+  readonly adapter?: Adapter
+}
+
+interface LayerView {
+  readonly inputNorm: tf.Tensor1D // [D]
+  readonly postNorm: tf.Tensor1D // [D]
+  readonly qNorm?: tf.Tensor1D // [hd]
+  readonly kNorm?: tf.Tensor1D // [hd]
+  /** [q, k, v] separately (training), or one fused q|k|v projection (inference). */
+  readonly qkv: ReadonlyArray<Projection>
+  readonly o: Projection
+  /** [gate, up] separately, or one fused gate|up projection. */
+  readonly gateUp: ReadonlyArray<Projection>
+  readonly down: Projection
+}
+
+/** The weights one forward reads. `owned` tensors belong to the view (fused copies) and die with it. */
+export interface WeightView {
+  readonly layers: ReadonlyArray<LayerView>
+  readonly embed: tf.Tensor2D // [V, D]
+  readonly finalNorm: tf.Tensor1D // [D]
+  readonly head: tf.Tensor2D | undefined // [D, V]; undefined = tied, transpose embed per forward
+  readonly owned: ReadonlyArray<tf.Tensor>
+}
+
+const param = (model: Transformer, name: string): tf.Variable => {
+  const v = model.params.get(name)
+  if (v === undefined) throw new Error(`model has no weight ${name}`)
+  return v
+}
+
+const projection = (model: Transformer, module: string, withBias: boolean): Projection => {
+  const adapter = model.adapters.get(module)
+  return {
+    w: param(model, `${module}.weight`) as tf.Tensor2D,
+    ...(withBias ? { b: param(model, `${module}.bias`) as tf.Tensor1D } : {}),
+    ...(adapter !== undefined ? { adapter } : {})
+  }
+}
+
+/** The live variables, unfused: what training differentiates through. Owns nothing. */
+export const trainingView = (model: Transformer): WeightView => {
+  const c = model.config
+  const layers: Array<LayerView> = []
+  for (let l = 0; l < c.numLayers; l++) {
+    const p = `model.layers.${l}`
+    layers.push({
+      inputNorm: param(model, `${p}.input_layernorm.weight`) as tf.Tensor1D,
+      postNorm: param(model, `${p}.post_attention_layernorm.weight`) as tf.Tensor1D,
+      ...(c.qkNorm
+        ? {
+            qNorm: param(model, `${p}.self_attn.q_norm.weight`) as tf.Tensor1D,
+            kNorm: param(model, `${p}.self_attn.k_norm.weight`) as tf.Tensor1D
+          }
+        : {}),
+      qkv: ["q_proj", "k_proj", "v_proj"].map((m) => projection(model, `${p}.self_attn.${m}`, c.attentionBias)),
+      o: projection(model, `${p}.self_attn.o_proj`, false),
+      gateUp: ["gate_proj", "up_proj"].map((m) => projection(model, `${p}.mlp.${m}`, false)),
+      down: projection(model, `${p}.mlp.down_proj`, false)
+    })
+  }
+  return {
+    layers,
+    embed: param(model, "model.embed_tokens.weight") as tf.Tensor2D,
+    finalNorm: param(model, "model.norm.weight") as tf.Tensor1D,
+    head: c.tieWordEmbeddings ? undefined : (param(model, "lm_head.weight") as tf.Tensor2D),
+    owned: []
+  }
+}
+
+/** The effective `[in, out]` weight of a projection with its adapter folded in. */
+const merged = (p: Projection): tf.Tensor2D =>
+  p.adapter === undefined ? p.w : tf.add(p.w, tf.mul(tf.matMul(p.adapter.a, p.adapter.b), p.adapter.scale))
+
+/**
+ * A snapshot of the current weights fused for fast inference (q|k|v and gate|up concatenated, adapters merged, tied
+ * head transposed). Copies: rebuild it after the variables change, and `disposeView` it.
+ */
+export const inferenceView = (model: Transformer): WeightView => {
+  const base = trainingView(model)
+  const owned: Array<tf.Tensor> = []
+  const own = <T extends tf.Tensor>(compute: () => T): T => {
+    const t = tf.tidy(compute)
+    owned.push(t)
+    return t
+  }
+  const layers = base.layers.map((layer): LayerView => {
+    const qkvW = own(() => tf.concat(layer.qkv.map(merged), 1) as tf.Tensor2D) // [D, (H + 2Hkv)·hd]
+    const qkvB =
+      layer.qkv[0]!.b === undefined
+        ? undefined
+        : own(
+            () =>
+              tf.concat(
+                layer.qkv.map((p) => p.b!),
+                0
+              ) as tf.Tensor1D
+          )
+    return {
+      inputNorm: layer.inputNorm,
+      postNorm: layer.postNorm,
+      ...(layer.qNorm !== undefined ? { qNorm: layer.qNorm, kNorm: layer.kNorm! } : {}),
+      qkv: [{ w: qkvW, ...(qkvB !== undefined ? { b: qkvB } : {}) }],
+      o: { w: layer.o.adapter === undefined ? layer.o.w : own(() => merged(layer.o)) },
+      gateUp: [{ w: own(() => tf.concat(layer.gateUp.map(merged), 1) as tf.Tensor2D) }], // [D, 2I]
+      down: { w: layer.down.adapter === undefined ? layer.down.w : own(() => merged(layer.down)) }
+    }
+  })
+  const head = base.head ?? own(() => tf.transpose(base.embed) as tf.Tensor2D) // [D, V]
+  return { layers, embed: base.embed, finalNorm: base.finalNorm, head, owned }
+}
+
+export const disposeView = (view: WeightView): void => {
+  for (const t of view.owned) t.dispose()
+}
+
+const rmsNorm = (x: tf.Tensor, w: tf.Tensor1D, eps: number): tf.Tensor => {
+  const variance = tf.mean(tf.square(x), -1, true) // [..., 1]
+  return tf.mul(tf.mul(x, tf.rsqrt(tf.add(variance, eps))), w) // [..., n]
+}
+
+const project = (x: tf.Tensor2D, p: Projection, training: boolean): tf.Tensor2D => {
+  let y = linear(x, p.w) // [N, out]
+  if (p.b !== undefined) y = tf.add(y, p.b)
+  if (p.adapter !== undefined) {
+    const xIn = training && p.adapter.dropout > 0 ? (tf.dropout(x, p.adapter.dropout) as tf.Tensor2D) : x // [N, in]
+    y = tf.add(y, tf.mul(linear(linear(xIn, p.adapter.a as tf.Tensor2D), p.adapter.b as tf.Tensor2D), p.adapter.scale))
+  }
+  return y
+}
+
+/** Apply each projection and split a fused one into `sizes`. */
+const projectAll = (x: tf.Tensor2D, ps: ReadonlyArray<Projection>, sizes: Array<number>, training: boolean) =>
+  ps.length === 1 ? tf.split(project(x, ps[0]!, training), sizes, 1) : ps.map((p) => project(x, p, training))
+
+/** `rotate_half` as a matrix: `rotate_half(x) = x @ R`, R[j + h, j] = −1 and R[j, j + h] = 1 for j < h = hd/2. */
+const rotateHalfMatrix = (hd: number): Float32Array => {
+  const h = hd / 2
+  const r = new Float32Array(hd * hd)
+  for (let j = 0; j < h; j++) {
+    r[(j + h) * hd + j] = -1
+    r[j * hd + j + h] = 1
+  }
+  return r
+}
+
+/** RoPE tables for explicit positions: cos/sin of `pos · θ^(−2i/hd)`, duplicated over both halves as in HF. */
+export const ropeTables = (
+  positions: ArrayLike<number>,
+  headDim: number,
+  theta: number
+): { readonly cos: Float32Array; readonly sin: Float32Array } => {
+  const half = headDim / 2
+  const cos = new Float32Array(positions.length * headDim)
+  const sin = new Float32Array(positions.length * headDim)
+  // HF computes inv_freq in float32; so do we, then the angle in float64.
+  const invFreq = Float32Array.from({ length: half }, (_, i) => 1 / theta ** ((2 * i) / headDim))
+  for (let n = 0; n < positions.length; n++) {
+    const pos = positions[n]!
+    for (let i = 0; i < half; i++) {
+      const angle = pos * invFreq[i]!
+      const c = Math.cos(angle)
+      const s = Math.sin(angle)
+      cos[n * headDim + i] = c
+      cos[n * headDim + i + half] = c
+      sin[n * headDim + i] = s
+      sin[n * headDim + i + half] = s
+    }
+  }
+  return { cos, sin }
+}
+
+/** Per-layer cached keys (transposed, ready for `q @ Kᵀ` without a flag) and values. */
+export interface LayerCache {
+  readonly keysT: tf.Tensor4D // [B, Hkv, hd, L]
+  readonly values: tf.Tensor4D // [B, Hkv, L, hd]
+}
+
+export interface StepInput {
+  readonly ids: tf.Tensor2D // [B, T] int32
+  /** Row-major [B, T]: the RoPE position of each new token. */
+  readonly positions: ArrayLike<number>
+  /** Row-major [B, L]: 1 where a key (cached or new) is a real token, 0 for padding. The new tokens are the last T. */
+  readonly keyMask: ArrayLike<number>
+  readonly past?: ReadonlyArray<LayerCache>
+  readonly training?: boolean // enables LoRA dropout
+}
+
+export interface StepOutput {
+  readonly hidden: tf.Tensor2D // [B·T, D], after the final norm
+  readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens
+}
+
+/**
+ * Run the decoder over T new tokens per row, attending to `past` (if any) and causally to each other. Pure tensor
+ * code: call inside `tf.tidy` (the caller keeps what it returns). Query t of a row sits at key slot L − T + t and sees
+ * key j when j ≤ L − T + t and keyMask[j] = 1.
+ */
+export const step = (model: Transformer, view: WeightView, input: StepInput): StepOutput => {
+  const c = model.config
+  const [B, T] = input.ids.shape
+  const H = c.numHeads
+  const Hkv = c.numKvHeads
+  const hd = c.headDim
+  const rep = H / Hkv
+  const P = input.past === undefined || input.past.length === 0 ? 0 : input.past[0]!.values.shape[2]
+  const L = P + T
+  const training = input.training === true
+  if (input.keyMask.length !== B * L) throw new Error(`keyMask has ${input.keyMask.length} entries, expected ${B}×${L}`)
+
+  // Additive attention bias [B, 1, 1, T, L]: 0 where visible, −1e9 where not.
+  const bias = new Float32Array(B * T * L)
+  for (let b = 0; b < B; b++) {
+    for (let t = 0; t < T; t++) {
+      const row = (b * T + t) * L
+      const last = P + t
+      for (let j = 0; j < L; j++) bias[row + j] = j <= last && input.keyMask[b * L + j]! > 0 ? 0 : -1e9
+    }
+  }
+  const maskBias = tf.tensor(bias, [B, 1, 1, T, L]) // [B, 1, 1, T, L]
+
+  const { cos, sin } = ropeTables(input.positions, hd, c.ropeTheta)
+  const cosK = tf.tensor(cos, [B * T, 1, hd]) // [B·T, 1, hd]
+  const sinK = tf.tensor(sin, [B * T, 1, hd]) // [B·T, 1, hd]
+  const scale = 1 / Math.sqrt(hd)
+  const cosQ = tf.mul(cosK, scale) // [B·T, 1, hd], 1/√hd folded in
+  const sinQ = tf.mul(sinK, scale) // [B·T, 1, hd]
+  const rotate = tf.tensor2d(rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
+  const rope = (x: tf.Tensor, heads: number, cosT: tf.Tensor, sinT: tf.Tensor): tf.Tensor => {
+    const rotated = linear(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
+    return tf.add(tf.mul(x, cosT), tf.mul(tf.reshape(rotated, [B * T, heads, hd]), sinT)) // [B·T, heads, hd]
+  }
+
+  let x = tf.gather(view.embed, tf.reshape(input.ids, [B * T])) as tf.Tensor2D // [B·T, D]
+  const cache: Array<LayerCache> = []
+  view.layers.forEach((layer, l) => {
+    // --- attention
+    const h = rmsNorm(x, layer.inputNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+    const [q2, k2, v2] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training) // [B·T, H·hd], [B·T, Hkv·hd] ×2
+    let q: tf.Tensor = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
+    let k: tf.Tensor = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
+    if (layer.qNorm !== undefined) {
+      q = rmsNorm(q, layer.qNorm, c.rmsNormEps) // [B·T, H, hd]
+      k = rmsNorm(k, layer.kNorm!, c.rmsNormEps) // [B·T, Hkv, hd]
+    }
+    q = rope(q, H, cosQ, sinQ) // [B·T, H, hd], scaled by 1/√hd
+    k = rope(k, Hkv, cosK, sinK) // [B·T, Hkv, hd]
+    const qg = tf.reshape(tf.transpose(tf.reshape(q, [B, T, Hkv, rep, hd]), [0, 2, 3, 1, 4]), [B, Hkv, rep * T, hd]) // [B, Hkv, rep·T, hd]
+    const kNewT = tf.transpose(tf.reshape(k, [B, T, Hkv, hd]), [0, 2, 3, 1]) as tf.Tensor4D // [B, Hkv, hd, T]
+    const vNew = tf.transpose(tf.reshape(v2!, [B, T, Hkv, hd]), [0, 2, 1, 3]) as tf.Tensor4D // [B, Hkv, T, hd]
+    const past = input.past?.[l]
+    const keysT = past === undefined ? kNewT : (tf.concat([past.keysT, kNewT], 3) as tf.Tensor4D) // [B, Hkv, hd, L]
+    const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 2) as tf.Tensor4D) // [B, Hkv, L, hd]
+    cache.push({ keysT, values })
+    const scores = tf.reshape(tf.matMul(qg, keysT), [B, Hkv, rep, T, L]) // [B, Hkv, rep, T, L]
+    const probs = tf.reshape(tf.softmax(tf.add(scores, maskBias)), [B, Hkv, rep * T, L]) // [B, Hkv, rep·T, L]
+    const attended = tf.reshape(tf.matMul(probs, values), [B, Hkv, rep, T, hd]) // [B, Hkv, rep, T, hd]
+    const merged2 = tf.reshape(tf.transpose(attended, [0, 3, 1, 2, 4]), [B * T, H * hd]) as tf.Tensor2D // [B·T, H·hd]
+    x = tf.add(x, project(merged2, layer.o, training)) // [B·T, D]
+    // --- MLP: down(silu(gate) · up)
+    const h2 = rmsNorm(x, layer.postNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+    const [gate, up] = projectAll(h2, layer.gateUp, [c.intermediateSize, c.intermediateSize], training) // [B·T, I] ×2
+    const act = tf.mul(tf.mul(gate!, tf.sigmoid(gate!)), up!) as tf.Tensor2D // [B·T, I]
+    x = tf.add(x, project(act, layer.down, training)) // [B·T, D]
+  })
+  const hidden = rmsNorm(x, view.finalNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+  return { hidden, cache }
+}
+
+/** LM head: `hidden @ Wᵀ_head` → logits [N, V]. */
+export const logitsOf = (view: WeightView, hidden: tf.Tensor2D): tf.Tensor2D =>
+  linear(hidden, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D)) // [N, V]
+
+/** Default RoPE positions for a (left-)padded batch: the count of real tokens before each slot (0 for padding). */
+export const positionsFromMask = (mask: ArrayLike<number>, batch: number, length: number): Int32Array => {
+  const positions = new Int32Array(batch * length)
+  for (let b = 0; b < batch; b++) {
+    let seen = 0
+    for (let t = 0; t < length; t++) {
+      const real = mask[b * length + t]! > 0
+      positions[b * length + t] = real ? seen : 0
+      if (real) seen++
+    }
+  }
+  return positions
+}
+
+export interface ForwardInput {
+  readonly ids: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>> // [B, T]
+  /** [B, T], 1 = real token, 0 = padding (left or right). Default: all real. */
+  readonly attentionMask?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
+  /** [B, T] RoPE positions. Default: `positionsFromMask`. */
+  readonly positions?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
+  readonly training?: boolean
+}
+
+const flat = (x: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>): ArrayLike<number> =>
+  x instanceof tf.Tensor ? x.dataSync() : x.flat()
+
+/** Normalise a forward input: ids tensor [B, T], key mask and positions as flat arrays. Call inside tidy. */
+export const prepare = (
+  input: ForwardInput
+): { readonly ids: tf.Tensor2D; readonly keyMask: ArrayLike<number>; readonly positions: ArrayLike<number> } => {
+  const ids =
+    input.ids instanceof tf.Tensor
+      ? tf.cast(input.ids, "int32")
+      : tf.tensor2d(
+          input.ids.map((r) => [...r]),
+          undefined,
+          "int32"
+        )
+  const [B, T] = ids.shape
+  const keyMask = input.attentionMask === undefined ? new Float32Array(B * T).fill(1) : flat(input.attentionMask)
+  const positions = input.positions === undefined ? positionsFromMask(keyMask, B, T) : flat(input.positions)
+  return { ids, keyMask, positions }
+}
+
+/** Full-sequence forward (no cache): hidden states [B·T, D] after the final norm, on the live variables. */
+export const hiddenStates = (model: Transformer, input: ForwardInput, view?: WeightView): tf.Tensor2D =>
+  tf.tidy(() => {
+    const { ids, keyMask, positions } = prepare(input)
+    const out = step(model, view ?? trainingView(model), {
+      ids,
+      keyMask,
+      positions,
+      ...(input.training !== undefined ? { training: input.training } : {})
+    })
+    return out.hidden
+  })
+
+/** Full-sequence forward: logits [B, T, V]. Materialises every position's logits; `LogProbs` avoids that. */
+export const forward = (model: Transformer, input: ForwardInput, view?: WeightView): tf.Tensor3D =>
+  tf.tidy(() => {
+    const w = view ?? trainingView(model)
+    const hidden = hiddenStates(model, input, w) // [B·T, D]
+    const [B, T] = input.ids instanceof tf.Tensor ? input.ids.shape : [input.ids.length, input.ids[0]?.length ?? 0]
+    return tf.reshape(logitsOf(w, hidden), [B, T, model.config.vocabSize]) as tf.Tensor3D // [B, T, V]
+  })
