@@ -52,7 +52,7 @@ export const parse = (text: string, format: Format = "auto"): Parsed => {
   const resolved = format === "auto" ? detect(visible) : format
   const found = readers[resolved](visible)
   const calls = found.calls.map((call, i) => ({ id: `call_${i}`, name: call.name, arguments: call.arguments }))
-  const error = found.errors.length === 0 ? undefined : found.errors.join("; ")
+  const error = describe(found.errors)
   const finalAnswer =
     tagContent(visible, "answer") ??
     found.finalAnswer ??
@@ -86,7 +86,8 @@ export const fromOpenAi = (toolCalls: ReadonlyArray<ToolCallWire>): Parsed => {
     else if (typeof args === "string") errors.push(`tool call ${i + 1}: ${name}: ${args}`)
     else calls.push({ id: wire.id === "" ? `call_${i}` : wire.id, name, arguments: args })
   }
-  return errors.length === 0 ? { calls } : { calls, error: errors.join("; ") }
+  const error = describe(errors)
+  return error === undefined ? { calls } : { calls, error }
 }
 
 /** Writes one call the way a model would in `format` (for demonstrations and SFT data). `parse` reads it back. */
@@ -124,6 +125,15 @@ const gather = (attempts: ReadonlyArray<Attempt>): Found => ({
 const at = (where: string, attempt: Attempt): Attempt =>
   typeof attempt === "string" ? `${where}: ${attempt}` : attempt
 
+/** The first few messages, then a count: the model reads this, and a degenerate turn can make thousands. */
+const describe = (errors: ReadonlyArray<string>): string | undefined => {
+  if (errors.length === 0) return undefined
+  const shown = errors.slice(0, maxErrorsShown).join("; ")
+  return errors.length > maxErrorsShown ? `${shown}; and ${errors.length - maxErrorsShown} more` : shown
+}
+
+const maxErrorsShown = 3
+
 const detect = (text: string): WriteFormat => {
   if (text.includes("<tool_call>")) return "hermes"
   if (/<tool>/.test(text)) return "xml"
@@ -144,18 +154,14 @@ const hermesBlock = (body: string): ReadonlyArray<Attempt> => {
 }
 
 const readJson = (text: string): Found => {
-  const candidates = jsonCandidates(text)
+  const whole = parseJson(stripFence(text.trim()))
   // A turn that is nothing but `{"name": "x"}` is a call without arguments; inside prose that is just data.
-  const whole = candidates.length === 1 && stripFence(text.trim()) === candidates[0]!.source.trim()
-  const attempts = candidates.flatMap((candidate): ReadonlyArray<Attempt> => {
-    if (!candidate.value.ok) return [`invalid JSON: ${candidate.value.error}`]
-    const items: ReadonlyArray<unknown> = Array.isArray(candidate.value.value)
-      ? candidate.value.value
-      : [candidate.value.value]
-    return items.filter((item) => looksLikeCall(item, whole)).map(callFromJson)
-  })
+  const attempts = whole.ok ? callsIn(whole.value, true) : jsonAttempts(text, bracketTree(text), 0)
   return gather(attempts.map((a, i) => at(`tool call ${i + 1}`, a)))
 }
+
+const callsIn = (value: unknown, whole: boolean): Array<Attempt> =>
+  (Array.isArray(value) ? value : [value]).filter((item) => looksLikeCall(item, whole)).map(callFromJson)
 
 const readXml = (text: string): Found =>
   gather(blocks(text, "tool").map((body, i) => at(`<tool> ${i + 1}`, xmlBlock(body))))
@@ -251,13 +257,22 @@ const readQwenCoder = (body: string): Attempt => {
 /** `<k>v</k>` children as fields; values are JSON when they parse (`<a>2</a>` is 2), else the trimmed text. */
 const xmlFields = (body: string): Arguments | string => {
   const args: Arguments = {}
-  let rest = body
-  for (const m of body.matchAll(/<([A-Za-z_][\w.-]*)>([\s\S]*?)<\/\1>/g)) {
-    args[m[1]!] = scalar(m[2]!.trim())
-    rest = rest.replace(m[0], "")
+  const element = /\s*<([A-Za-z_][\w.-]*)>/y
+  let at = 0
+  while (at < body.length) {
+    element.lastIndex = at
+    const open = element.exec(body)
+    if (open === null) return body.slice(at).trim() === "" ? args : notFields
+    const key = open[1]!
+    const end = body.indexOf(`</${key}>`, element.lastIndex)
+    if (end === -1) return `<${key}> is not closed`
+    args[key] = scalar(body.slice(element.lastIndex, end).trim())
+    at = end + key.length + 3
   }
-  return rest.trim() === "" ? args : "arguments must be a JSON object or <key>value</key> elements"
+  return args
 }
+
+const notFields = "arguments must be a JSON object or <key>value</key> elements"
 
 const scalar = (text: string): unknown => {
   const value = parseJson(text)
@@ -314,32 +329,52 @@ const scanJson = (text: string, start: number): number => {
   return -1
 }
 
-/**
- * Every top-level `{…}` / `[…]` in the text that parses, and every one that does not but names a `"name"` key (a
- * broken call). An unclosed one runs to the end. Other brackets are prose ("see [1]", "{x | x > 0}"): skipped one
- * character at a time, so a call nested in them is still found.
- */
-const jsonCandidates = (text: string): Array<{ readonly source: string; readonly value: JsonResult }> => {
-  const out: Array<{ readonly source: string; readonly value: JsonResult }> = []
-  let i = 0
-  while (i < text.length) {
-    const c = text[i]
-    if (c !== "{" && c !== "[") {
-      i++
-      continue
-    }
-    const end = scanJson(text, i)
-    const source = text.slice(i, end === -1 ? text.length : end)
-    const value = parseJsonLenient(source)
-    if (!value.ok && !/"name"\s*:/.test(source)) {
-      i++
-      continue
-    }
-    out.push({ source, value })
-    i = end === -1 ? text.length : end
-  }
-  return out
+/** A bracketed region `{…}` or `[…]`; `end` is past its closing bracket, or the text's end when it never closes. */
+interface Span {
+  readonly start: number
+  end: number
+  readonly children: Array<Span>
 }
+
+/**
+ * Every bracketed region of the text, nested, in one pass. Quotes open strings only inside brackets (JSON has no
+ * strings outside), so apostrophes and quotes in prose do not hide the calls after them.
+ */
+const bracketTree = (text: string): Array<Span> => {
+  const roots: Array<Span> = []
+  const stack: Array<Span> = []
+  let inString = false
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]
+    if (inString) {
+      if (c === "\\") i++
+      else if (c === '"') inString = false
+    } else if (c === '"') inString = stack.length > 0
+    else if (c === "{" || c === "[") {
+      const span: Span = { start: i, end: text.length, children: [] }
+      ;(stack.at(-1)?.children ?? roots).push(span)
+      stack.push(span)
+    } else if ((c === "}" || c === "]") && stack.length > 0) stack.pop()!.end = i + 1
+  }
+  return roots
+}
+
+/** How deep into brackets that are not JSON ("{see [note {…}]}") calls are still looked for. */
+const maxProseDepth = 4
+
+/**
+ * The call attempts in bracketed regions: a region that parses gives the calls in it; one that does not gives the
+ * calls found inside it, or, when there are none and it names a `"name"` key, one broken call. Work is linear in the
+ * text times `maxProseDepth`: degenerate outputs ("{{{{…") are common early in training.
+ */
+const jsonAttempts = (text: string, spans: ReadonlyArray<Span>, depth: number): Array<Attempt> =>
+  spans.flatMap((span) => {
+    const source = text.slice(span.start, span.end)
+    const value = parseJson(source)
+    if (value.ok) return callsIn(value.value, false)
+    const inner = depth < maxProseDepth ? jsonAttempts(text, span.children, depth + 1) : []
+    return inner.length === 0 && /"name"\s*:/.test(source) ? [`invalid JSON: ${value.error}`] : inner
+  })
 
 /** Bodies of `<tag>…</tag>`; the last one may lack its closing tag. */
 const blocks = (text: string, tag: string): Array<string> => {
@@ -347,9 +382,10 @@ const blocks = (text: string, tag: string): Array<string> => {
   const close = `</${tag}>`
   const out: Array<string> = []
   let at = text.indexOf(open)
+  let end = -2 // the next closing tag at or after `from`; -1 once there is none (kept, so each search is done once)
   while (at !== -1) {
     const from = at + open.length
-    const end = text.indexOf(close, from)
+    if (end !== -1 && end < from) end = text.indexOf(close, from)
     const next = text.indexOf(open, from)
     if (end === -1 || (next !== -1 && next < end)) {
       out.push(text.slice(from, next === -1 ? text.length : next))

@@ -145,6 +145,17 @@ describe("ToolCallParser.parse (json)", () => {
     ])
   })
 
+  it("finds a call after an unclosed brace in prose, and reports a call missing its last brace", () => {
+    assert.deepStrictEqual(parse(`Use { carefully: {"name": "a", "arguments": {"q": 1}}`, "json"), {
+      calls: [{ id: "call_0", name: "a", arguments: { q: 1 } }]
+    })
+    // the inner {"q": 1} parses, but it is not a call: the broken outer object is the attempt
+    assert.strictEqual(
+      parse(`{"name": "a", "arguments": {"q": 1}`, "json").error,
+      "tool call 1: invalid JSON: Expected ',' or '}' after property value in JSON at position 35"
+    )
+  })
+
   it("reports a broken object that names a tool, but ignores other braces in prose", () => {
     assert.strictEqual(
       parse(`Calling {"name": "add", "arguments": {"a": 1`, "json").error,
@@ -178,8 +189,16 @@ describe("ToolCallParser.parse (xml)", () => {
     ])
   })
 
-  it("reports a block without a name", () => {
+  it("reports a block without a name, and argument elements that do not close", () => {
     assert.strictEqual(parse(`<tool><arguments>{}</arguments></tool>`).error, "<tool> 1: missing <name>")
+    assert.strictEqual(
+      parse(`<tool><name>add</name><arguments><a>1</a><b>2</arguments></tool>`).error,
+      "<tool> 1: add: <b> is not closed"
+    )
+    assert.strictEqual(
+      parse(`<tool><name>add</name><arguments>a=1</arguments></tool>`).error,
+      "<tool> 1: add: arguments must be a JSON object or <key>value</key> elements"
+    )
   })
 })
 
@@ -240,6 +259,25 @@ describe("ToolCallParser.parse (auto and answers)", () => {
 
   it("drops thinking cut off by the length limit", () => {
     assert.deepStrictEqual(parse("Partial. <think>and then <tool_call>{"), { calls: [], finalAnswer: "Partial." })
+  })
+})
+
+describe("ToolCallParser.parse (degenerate turns)", () => {
+  it("shows the model three problems and counts the rest", () => {
+    assert.strictEqual(
+      parse("<tool_call></tool_call>".repeat(5)).error,
+      "<tool_call> 1: empty; <tool_call> 2: empty; <tool_call> 3: empty; and 2 more"
+    )
+  })
+
+  it("reads 50k characters of repeated brackets and tags in linear time (a rescan per bracket took 11 s on 20k)", () => {
+    const started = performance.now()
+    for (const text of ["{".repeat(50_000), "[".repeat(50_000), '{"'.repeat(25_000), "<tool_call>".repeat(5_000)]) {
+      assert.deepStrictEqual(parse(text).calls, [])
+    }
+    const xml = `<tool><name>x</name><arguments>${"<a>".repeat(20_000)}`
+    assert.strictEqual(parse(xml).error, "<tool> 1: x: <a> is not closed")
+    assert.isBelow(performance.now() - started, 2_000)
   })
 })
 
