@@ -1,0 +1,150 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Layer, Stream } from "effect"
+import type { PromptRow } from "../../src/domain/PromptRow.ts"
+import * as Trajectory from "../../src/domain/Trajectory.ts"
+import * as AgentLoop from "../../src/generator/AgentLoop.ts"
+import * as Generator from "../../src/generator/Generator.ts"
+import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
+import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
+import * as CountdownEnv from "../fixtures/CountdownEnv.ts"
+import * as ScriptedEngine from "../fixtures/ScriptedEngine.ts"
+
+const tokenizer = ByteTokenizer.make()
+const row: PromptRow = {
+  uid: "p1",
+  data_source: "test",
+  env_class: "countdown",
+  prompt: [{ role: "user", content: "go" }]
+}
+const options: AgentLoop.Options = {
+  maxTurns: 5,
+  maxGenerateLength: 32,
+  maxInputLength: 4096,
+  temperature: 1,
+  topP: 1,
+  topK: 0,
+  stopStrings: [],
+  seed: 0
+}
+
+const services = (script: ScriptedEngine.Script) =>
+  Layer.mergeAll(ScriptedEngine.layer(tokenizer, script), Tokenizer.layerImpl(tokenizer), CountdownEnv.registry)
+
+describe("AgentLoop.run", () => {
+  it.effect("gives loss mask 1 exactly to sampled tokens and 0 to template and tool-output tokens", () =>
+    Effect.gen(function* () {
+      // turn 0 "step", turn 1 "step", turn 2 "DONE" → two tool observations in between
+      const t = yield* AgentLoop.run(row, 0, options)
+      assert.strictEqual(t.stopReason, "stop")
+      assert.strictEqual(t.turns.length, 3)
+      assert.strictEqual(t.lossMask.length, t.responseIds.length)
+      assert.strictEqual(t.rolloutLogprobs.length, t.responseIds.length)
+      const sampled = new Set<number>()
+      for (const turn of t.turns) for (let i = turn.start; i < turn.end; i++) sampled.add(i)
+      t.lossMask.forEach((m, i) => assert.strictEqual(m, sampled.has(i) ? 1 : 0, `position ${i}`))
+      // what the policy sampled is kept token for token: text + eos
+      const first = t.turns[0]!
+      assert.deepStrictEqual(t.responseIds.slice(first.start, first.end), [
+        ...tokenizer.encode("step"),
+        tokenizer.eosIds[0]!
+      ])
+      // the tokens between turns are exactly the template's rendering of the tool message
+      const between = tokenizer.decode(t.responseIds.slice(first.end, t.turns[1]!.start))
+      assert.include(between, "left: 2")
+      assert.strictEqual(first.observationTokens, t.turns[1]!.start - first.end)
+    }).pipe(Effect.provide(services((_, call) => (call < 2 ? "step" : "DONE"))))
+  )
+
+  it.effect("keeps behaviour log-probs aligned with their tokens and 0 where the mask is 0", () =>
+    Effect.gen(function* () {
+      const t = yield* AgentLoop.run(row, 0, options)
+      t.turns.forEach((turn, call) => {
+        for (let i = turn.start; i < turn.end; i++) {
+          assert.closeTo(t.rolloutLogprobs[i]!, -0.01 * (i - turn.start + 1) - 0.001 * call, 1e-12)
+        }
+      })
+      t.lossMask.forEach((m, i) => {
+        if (m === 0) assert.strictEqual(t.rolloutLogprobs[i], 0)
+      })
+    }).pipe(Effect.provide(services((_, call) => (call < 2 ? "step" : "DONE"))))
+  )
+
+  it.effect("puts each turn's reward on its last generated token", () =>
+    Effect.gen(function* () {
+      const t = yield* AgentLoop.run(row, 0, options)
+      const rewards = Trajectory.tokenRewards(t)
+      // turns: 0.1, 0.1, then DONE = 1
+      assert.closeTo(t.reward, 1.2, 1e-12)
+      t.turns.forEach((turn) => assert.strictEqual(rewards[turn.end - 1], turn.reward))
+      assert.strictEqual(rewards.filter((r) => r !== 0).length, 3)
+    }).pipe(Effect.provide(services((_, call) => (call < 2 ? "step" : "DONE"))))
+  )
+
+  it.effect("ends `overlong` when the context reaches max_input_length", () =>
+    Effect.gen(function* () {
+      const prompt = yield* Effect.sync(() =>
+        tokenizer.applyChatTemplateIds([{ role: "system", content: "Count down." }, ...row.prompt], {
+          addGenerationPrompt: true
+        })
+      )
+      const t = yield* AgentLoop.run(row, 0, { ...options, maxInputLength: prompt.length + 12 })
+      assert.strictEqual(t.stopReason, "overlong")
+      assert.isAtMost(t.promptIds.length + t.responseIds.length, prompt.length + 12)
+    }).pipe(Effect.provide(services(() => "a long turn that does not stop soon")))
+  )
+
+  it.effect("ends `length` when a turn hits max_generate_length", () =>
+    Effect.gen(function* () {
+      const t = yield* AgentLoop.run(row, 0, { ...options, maxGenerateLength: 4 })
+      assert.strictEqual(t.stopReason, "length")
+      assert.strictEqual(t.turns[0]!.end - t.turns[0]!.start, 4)
+    }).pipe(Effect.provide(services(() => "more than four tokens")))
+  )
+
+  it.effect("ends `max_turns` after max_turns turns, and `env_done` when the env ends for its own reason", () =>
+    Effect.gen(function* () {
+      const capped = yield* AgentLoop.run(row, 0, { ...options, maxTurns: 2 })
+      assert.strictEqual(capped.stopReason, "max_turns")
+      assert.strictEqual(capped.turns.length, 2)
+      const budget = yield* AgentLoop.run(row, 0, options)
+      assert.strictEqual(budget.stopReason, "env_done")
+      assert.strictEqual(budget.turns.length, 3)
+    }).pipe(Effect.provide(services(() => "step")))
+  )
+
+  it.effect("records an env failure as stop reason `error` with its message instead of failing", () =>
+    Effect.gen(function* () {
+      const t = yield* AgentLoop.run(row, 0, options)
+      assert.strictEqual(t.stopReason, "error")
+      assert.include(t.error ?? "", "cannot handle p1")
+      assert.strictEqual(t.turns.length, 0)
+      assert.isAbove(t.responseIds.length, 0)
+    }).pipe(Effect.provide(services(() => "FAIL")))
+  )
+})
+
+describe("Generator.rollouts", () => {
+  it.effect("emits one group of n trajectories per prompt, in prompt order", () =>
+    Effect.gen(function* () {
+      const generator = yield* Generator.make({
+        ...options,
+        samplesPerPrompt: 3,
+        maxConcurrentGroups: 2,
+        unordered: false
+      })
+      const prompts = [0, 1, 2, 3].map((cursor) => ({ row: { ...row, uid: `p${cursor}` }, cursor }))
+      const groups = yield* Stream.runCollect(generator.rollouts(Stream.fromIterable(prompts)))
+      assert.deepStrictEqual(
+        groups.map((g) => g.promptUid),
+        ["p0", "p1", "p2", "p3"]
+      )
+      for (const g of groups) {
+        assert.deepStrictEqual(
+          g.trajectories.map((t) => t.sample),
+          [0, 1, 2]
+        )
+      }
+      assert.strictEqual(groups[2]!.cursor, 2)
+    }).pipe(Effect.provide(services(() => "DONE")))
+  )
+})
