@@ -1,0 +1,678 @@
+/**
+ * McpClient: the one seam between effect-rl and MCP servers (the only file importing the MCP SDK's client side).
+ * It owns the servers' lifetimes and translates every SDK failure into a typed error.
+ *
+ * - Transports: stdio (we spawn the server ourselves, in its own process group, with an explicit environment: the
+ *   config's `env` plus PATH and HOME, nothing else inherited) and Streamable HTTP (`url` + `headers`).
+ * - `tools/list` is fetched on connect and cached; a restart re-lists. `allowed_tools` filters by the server's own
+ *   names. With several servers mounted, tools are namespaced `server__tool`.
+ * - Isolation: a `shared` server is one connection for every trajectory; a `per_trajectory` server gets a fresh
+ *   connection (a fresh process for stdio) per `session`, closed with the session's scope.
+ * - Every call has a timeout (`timeout_ms`) and its result text is capped at `maxResultChars` (truncation is marked).
+ * - A crashed stdio server is restarted on the next call; its stderr goes to the Effect logs at Debug level,
+ *   annotated with `mcp_server`, and its last lines are logged as a warning when it dies.
+ * - No orphans: closing the scope closes stdin, then SIGTERMs and SIGKILLs the process group; a process `exit`
+ *   hook SIGKILLs every group still alive if the run ends without closing its scopes.
+ *
+ * Retry rule (never re-drive a stateful call twice): a failed call is sent again only when
+ *   1. it certainly never reached the server (connecting or restarting failed, or the transport refused the write:
+ *      process already gone, connection refused), or
+ *   2. it failed with a retryable reason (Timeout, Disconnected) on a `shared` server and the server declared the tool
+ *      `readOnlyHint` or `idempotentHint`, so a second delivery cannot change any state.
+ * Everything else (a tool error, bad arguments, a timeout on a tool that may write) is returned to the caller once.
+ * Retries use exponential backoff (25 ms · 2^n, jittered), at most `retries` times.
+ */
+
+import { type ChildProcess, spawn } from "node:child_process"
+import { Client } from "@modelcontextprotocol/sdk/client/index.js"
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
+import { ReadBuffer, serializeMessage } from "@modelcontextprotocol/sdk/shared/stdio.js"
+import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js"
+import { ErrorCode, type JSONRPCMessage, McpError, type Tool } from "@modelcontextprotocol/sdk/types.js"
+import { Context, Effect, Layer, Queue, Schedule, Schema, Scope, Semaphore } from "effect"
+import type { EnvironmentConfig, McpServerConfig } from "../config/EnvironmentConfig.ts"
+
+// ---- errors -----------------------------------------------------------------------------------------------------
+
+/** A server could not be started, reached, initialised or listed. */
+export class McpConnectError extends Schema.TaggedError<McpConnectError>()("McpConnectError", {
+  server: Schema.String,
+  reason: Schema.Literals(["Spawn", "Unreachable", "Handshake", "ListTools"]),
+  message: Schema.String,
+  cause: Schema.optional(Schema.Defect())
+}) {}
+
+export const ToolCallErrorReason = Schema.Literals([
+  "UnknownTool",
+  "BadArguments",
+  "ToolFailed",
+  "Timeout",
+  "Disconnected",
+  "ServerError"
+])
+export type ToolCallErrorReason = typeof ToolCallErrorReason.Type
+
+/**
+ * One tool call failed. `ToolFailed` is the tool's own `isError` result (its text is `message`); `BadArguments` and
+ * `UnknownTool` are the caller's fault; `Timeout` and `Disconnected` are transport failures and retryable.
+ */
+export class ToolCallError extends Schema.TaggedError<ToolCallError>()("ToolCallError", {
+  tool: Schema.String,
+  server: Schema.String,
+  reason: ToolCallErrorReason,
+  message: Schema.String
+}) {
+  get isRetryable(): boolean {
+    return this.reason === "Timeout" || this.reason === "Disconnected"
+  }
+}
+
+// ---- data -------------------------------------------------------------------------------------------------------
+
+/** A tool as the model sees it. `name` is what the model calls (namespaced when several servers are mounted). */
+export interface McpTool {
+  readonly name: string
+  readonly server: string
+  readonly remoteName: string // the name on its own server
+  readonly description: string
+  readonly inputSchema: Readonly<Record<string, unknown>>
+  readonly readOnly: boolean // annotations.readOnlyHint
+  readonly idempotent: boolean // annotations.idempotentHint
+}
+
+/** A successful call: the text the model is shown (capped), and structured content when the server sent some. */
+export interface ToolResult {
+  readonly server: string
+  readonly text: string
+  readonly truncated: boolean
+  readonly structured?: unknown
+}
+
+/** The tools of one trajectory: shared servers plus this session's own per-trajectory servers. */
+export interface McpSession {
+  readonly tools: ReadonlyArray<McpTool>
+  readonly call: (name: string, args: Readonly<Record<string, unknown>>) => Effect.Effect<ToolResult, ToolCallError>
+  /** pids of the stdio servers this session started (empty until a per-trajectory server was first called). */
+  readonly processIds: Effect.Effect<ReadonlyArray<number>>
+}
+
+export class McpClient extends Context.Service<
+  McpClient,
+  {
+    readonly servers: ReadonlyArray<string>
+    /** Every mounted tool, allow-listed and namespaced; from the cache, re-listed after a restart. */
+    readonly tools: Effect.Effect<ReadonlyArray<McpTool>>
+    /** A call on the client's own session (shared servers + one default instance of each per-trajectory server). */
+    readonly call: (name: string, args: Readonly<Record<string, unknown>>) => Effect.Effect<ToolResult, ToolCallError>
+    /** A session for one trajectory: per-trajectory servers get fresh connections, closed with the scope. */
+    readonly session: Effect.Effect<McpSession, never, Scope.Scope>
+    /** Counters over all connections: `mcp/calls`, `mcp/errors`, `mcp/retries`, `mcp/restarts`, `mcp/connects`. */
+    readonly stats: Effect.Effect<Record<string, number>>
+    /** pids of every stdio server process alive now. */
+    readonly processIds: Effect.Effect<ReadonlyArray<number>>
+  }
+>()("rl/env/McpClient") {}
+
+export interface McpClientOptions {
+  readonly servers: ReadonlyArray<McpServerConfig>
+  readonly maxResultChars?: number // default 4096
+  readonly retries?: number // default 2
+}
+
+// ---- result text ------------------------------------------------------------------------------------------------
+
+type Content = { readonly type: string; readonly [key: string]: unknown }
+
+const contentText = (item: Content): string => {
+  switch (item.type) {
+    case "text":
+      return String(item["text"] ?? "")
+    case "resource": {
+      const r = item["resource"] as { uri?: string; text?: string } | undefined
+      return r?.text ?? `[resource ${r?.uri ?? ""}]`
+    }
+    case "resource_link":
+      return `[resource ${String(item["uri"] ?? "")}]`
+    default:
+      return `[${item.type}${item["mimeType"] === undefined ? "" : ` ${String(item["mimeType"])}`}]`
+  }
+}
+
+/** The text a model is shown for a result: its content joined by newlines, else its structured content as JSON. */
+export const resultText = (result: { readonly content?: unknown; readonly structuredContent?: unknown }): string => {
+  const content = Array.isArray(result.content) ? (result.content as ReadonlyArray<Content>) : []
+  if (content.length === 0 && result.structuredContent !== undefined) return JSON.stringify(result.structuredContent)
+  return content.map(contentText).join("\n")
+}
+
+/** Caps `text` at `max` characters; the cut is marked so the model (and a reader) knows output is missing. */
+export const truncate = (text: string, max: number): { readonly text: string; readonly truncated: boolean } =>
+  text.length <= max
+    ? { text, truncated: false }
+    : { text: `${text.slice(0, max)}…[truncated ${text.length - max} chars]`, truncated: true }
+
+// ---- stdio transport: our own spawn, for process groups and an explicit environment ------------------------------
+
+const liveGroups = new Set<number>()
+let exitHookInstalled = false
+const installExitHook = () => {
+  if (exitHookInstalled) return
+  exitHookInstalled = true
+  process.on("exit", () => {
+    for (const pid of liveGroups) killGroup(pid, "SIGKILL")
+  })
+}
+const killGroup = (pid: number, signal: NodeJS.Signals) => {
+  try {
+    process.kill(-pid, signal)
+  } catch {
+    // ESRCH: the group is already gone
+  }
+}
+
+/** The write was refused before anything reached the server: safe to send again. */
+class NotDelivered extends Error {}
+
+interface ExitInfo {
+  readonly code: number | null
+  readonly signal: NodeJS.Signals | null
+}
+
+class ChildStdioTransport implements Transport {
+  onclose?: () => void
+  onerror?: (error: Error) => void
+  onmessage?: (message: JSONRPCMessage) => void
+  child: ChildProcess | undefined
+  exit: ExitInfo | undefined
+  readonly command: string
+  readonly args: ReadonlyArray<string>
+  readonly env: Record<string, string>
+  readonly cwd: string | undefined
+  readonly onStderr: (line: string) => void
+  readonly buffer = new ReadBuffer()
+  stderrRest = ""
+
+  constructor(config: McpServerConfig, onStderr: (line: string) => void) {
+    this.command = config.command === "node" ? process.execPath : (config.command ?? "")
+    this.args = config.args
+    const base: Record<string, string> = {}
+    if (process.env["PATH"] !== undefined) base["PATH"] = process.env["PATH"]
+    if (process.env["HOME"] !== undefined) base["HOME"] = process.env["HOME"]
+    this.env = { ...base, ...config.env }
+    this.cwd = config.cwd
+    this.onStderr = onStderr
+  }
+
+  start(): Promise<void> {
+    installExitHook()
+    return new Promise((resolve, reject) => {
+      const child = spawn(this.command, [...this.args], {
+        env: this.env,
+        ...(this.cwd === undefined ? {} : { cwd: this.cwd }),
+        stdio: ["pipe", "pipe", "pipe"],
+        detached: true // own process group: close() can kill the server and everything it started
+      })
+      this.child = child
+      child.once("error", (error) => {
+        reject(error)
+        this.onerror?.(error)
+      })
+      child.once("spawn", () => {
+        if (child.pid !== undefined) liveGroups.add(child.pid)
+        resolve()
+      })
+      child.once("exit", (code, signal) => {
+        this.exit = { code, signal }
+        if (child.pid !== undefined) {
+          liveGroups.delete(child.pid)
+          killGroup(child.pid, "SIGKILL") // whatever the server left behind in its group
+        }
+      })
+      child.once("close", () => this.onclose?.())
+      child.stdout?.on("data", (chunk: Buffer) => {
+        this.buffer.append(chunk)
+        for (;;) {
+          let message: JSONRPCMessage | null
+          try {
+            message = this.buffer.readMessage()
+          } catch (error) {
+            // a line that is not JSON-RPC: the line is consumed; report it and read on
+            this.onStderr(`[not JSON-RPC on stdout] ${error instanceof Error ? error.message.slice(0, 200) : ""}`)
+            continue
+          }
+          if (message === null) break
+          this.onmessage?.(message)
+        }
+      })
+      child.stderr?.on("data", (chunk: Buffer) => {
+        const lines = (this.stderrRest + chunk.toString("utf8")).split("\n")
+        this.stderrRest = lines.pop() ?? ""
+        for (const line of lines) if (line.length > 0) this.onStderr(line)
+      })
+      child.stdin?.on("error", (error) => this.onerror?.(error))
+    })
+  }
+
+  get alive(): boolean {
+    return this.child !== undefined && this.exit === undefined
+  }
+
+  send(message: JSONRPCMessage): Promise<void> {
+    const stdin = this.child?.stdin
+    if (!this.alive || stdin === undefined || stdin === null || stdin.destroyed) {
+      return Promise.reject(new NotDelivered("server process is not running"))
+    }
+    return new Promise((resolve) => {
+      if (stdin.write(serializeMessage(message))) resolve()
+      else stdin.once("drain", resolve)
+    })
+  }
+
+  async close(): Promise<void> {
+    const child = this.child
+    if (child === undefined || child.pid === undefined) return
+    const pid = child.pid
+    const exited = (ms: number) =>
+      this.exit !== undefined
+        ? Promise.resolve(true)
+        : new Promise<boolean>((resolve) => {
+            const timer = setTimeout(() => resolve(false), ms)
+            child.once("exit", () => {
+              clearTimeout(timer)
+              resolve(true)
+            })
+          })
+    child.stdin?.end()
+    if (!(await exited(500))) {
+      killGroup(pid, "SIGTERM")
+      if (!(await exited(1000))) {
+        killGroup(pid, "SIGKILL")
+        await exited(1000)
+      }
+    }
+    killGroup(pid, "SIGKILL")
+    liveGroups.delete(pid)
+  }
+}
+
+// ---- one connection to one server -------------------------------------------------------------------------------
+
+interface Live {
+  readonly client: Client
+  readonly transport: Transport
+  closed: boolean
+}
+
+interface CallFailure {
+  readonly error: ToolCallError
+  readonly delivered: boolean
+}
+
+interface Connection {
+  readonly config: McpServerConfig
+  readonly tools: () => ReadonlyArray<Tool>
+  readonly call: (tool: string, args: Readonly<Record<string, unknown>>) => Effect.Effect<ToolResult, ToolCallError>
+  readonly pid: () => number | undefined
+}
+
+interface Counters {
+  calls: number
+  errors: number
+  retries: number
+  restarts: number
+  connects: number
+}
+
+const clientInfo = { name: "effect-rl", version: "0.1.0" }
+
+const backoff = Schedule.exponential("25 millis", 2).pipe(Schedule.jittered)
+
+const describeCause = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
+
+const isRefused = (cause: unknown): boolean => {
+  if (cause instanceof NotDelivered) return true
+  if (cause instanceof Error && cause.message === "Not connected") return true
+  const code = (cause as { cause?: { code?: string } } | undefined)?.cause?.code
+  return code === "ECONNREFUSED"
+}
+
+/** Maps whatever the SDK threw for a `tools/call` to a reason. Timeouts and cancellations share -32001. */
+const classify = (cause: unknown): ToolCallErrorReason => {
+  if (cause instanceof McpError) {
+    if (cause.code === ErrorCode.RequestTimeout) return "Timeout"
+    if (cause.code === ErrorCode.ConnectionClosed) return "Disconnected"
+    if (cause.code === ErrorCode.InvalidParams) {
+      if (/output schema|structured content|Invalid tools\/call result/i.test(cause.message)) return "ServerError"
+      return /Tool \S+ (not found|disabled)/.test(cause.message) ? "UnknownTool" : "BadArguments"
+    }
+    return "ServerError"
+  }
+  if (isRefused(cause)) return "Disconnected"
+  if (cause instanceof TypeError && /fetch failed/.test(cause.message)) return "Disconnected"
+  return "ServerError"
+}
+
+/** An `isError` result's reason: the SDK server reports unknown tools and schema failures as text. */
+const classifyErrorText = (text: string): ToolCallErrorReason => {
+  if (!text.startsWith("MCP error -32602: ")) return "ToolFailed"
+  if (/^MCP error -32602: Tool \S+ (not found|disabled)/.test(text)) return "UnknownTool"
+  // the server's own result failed its validation: not the caller's fault
+  if (/Invalid tools\/call result|output schema/.test(text)) return "ServerError"
+  return "BadArguments"
+}
+
+const makeConnection = Effect.fnUntraced(function* (
+  config: McpServerConfig,
+  options: { readonly maxResultChars: number; readonly retries: number; readonly counters: Counters },
+  initialTools?: ReadonlyArray<Tool>
+) {
+  const scope = yield* Scope.Scope
+  const lock = yield* Semaphore.make(1)
+  const counters = options.counters
+  const stderr = yield* Queue.sliding<string>(1024)
+  const recent: Array<string> = []
+  yield* Queue.take(stderr).pipe(
+    Effect.flatMap((line) => Effect.logDebug(line)),
+    Effect.forever,
+    Effect.annotateLogs({ mcp_server: config.name }),
+    Effect.forkIn(scope)
+  )
+  const onStderr = (line: string) => {
+    recent.push(line)
+    if (recent.length > 20) recent.shift()
+    Queue.offerUnsafe(stderr, line)
+  }
+
+  // starting a process (Node, imports) can take longer than a tool call may: give the handshake at least 15 s
+  const connectTimeoutMs = Math.max(config.timeout_ms, 15_000)
+  let live: Live | undefined
+  let tools: ReadonlyArray<Tool> = initialTools ?? []
+  let everConnected = false
+
+  const connectError = (reason: McpConnectError["reason"], cause: unknown) =>
+    new McpConnectError({
+      server: config.name,
+      reason,
+      message: `MCP server ${config.name} (${config.transport === "stdio" ? config.command : config.url}): ${describeCause(cause)}`,
+      cause
+    })
+
+  const closeLive = (l: Live) =>
+    Effect.promise(async () => {
+      l.closed = true
+      if (l.transport instanceof StreamableHTTPClientTransport) {
+        await l.transport.terminateSession().catch(() => undefined)
+      }
+      await l.client.close().catch(() => undefined)
+    })
+
+  const open: Effect.Effect<Live, McpConnectError> = Effect.gen(function* () {
+    counters.connects++
+    const transport: Transport =
+      config.transport === "stdio"
+        ? new ChildStdioTransport(config, onStderr)
+        : new StreamableHTTPClientTransport(new URL(config.url ?? ""), {
+            requestInit: { headers: { ...config.headers } }
+          })
+    const client = new Client(clientInfo, { capabilities: {} })
+    const next: Live = { client, transport, closed: false }
+    client.onclose = () => {
+      next.closed = true
+    }
+    yield* Effect.tryPromise({
+      try: () => client.connect(transport, { timeout: connectTimeoutMs }),
+      catch: (cause) =>
+        connectError(
+          (cause as { code?: string }).code === "ENOENT" || (cause as { code?: string }).code === "EACCES"
+            ? "Spawn"
+            : isRefused(cause) || cause instanceof TypeError
+              ? "Unreachable"
+              : "Handshake",
+          cause
+        )
+    }).pipe(Effect.onError(() => closeLive(next)))
+    const listed: Array<Tool> = []
+    let cursor: string | undefined
+    do {
+      const page = yield* Effect.tryPromise({
+        try: () => client.listTools(cursor === undefined ? {} : { cursor }, { timeout: connectTimeoutMs }),
+        catch: (cause) => connectError("ListTools", cause)
+      }).pipe(Effect.onError(() => closeLive(next)))
+      listed.push(...page.tools)
+      cursor = page.nextCursor
+    } while (cursor !== undefined)
+    tools = listed
+    return next
+  })
+
+  /** The live connection, (re)started if there is none or its server died. */
+  const ensure: Effect.Effect<Live, McpConnectError> = lock.withPermits(1)(
+    Effect.suspend(() => {
+      if (live !== undefined && !live.closed) return Effect.succeed(live)
+      const dead = live
+      return Effect.gen(function* () {
+        if (dead !== undefined) {
+          live = undefined
+          const exit = dead.transport instanceof ChildStdioTransport ? dead.transport.exit : undefined
+          yield* Effect.logWarning("MCP server connection lost; restarting").pipe(
+            Effect.annotateLogs({
+              mcp_server: config.name,
+              exit_code: String(exit?.code ?? ""),
+              signal: String(exit?.signal ?? ""),
+              stderr_tail: recent.slice(-5).join("\n")
+            })
+          )
+          yield* closeLive(dead)
+        }
+        const next = yield* open
+        if (everConnected) counters.restarts++
+        everConnected = true
+        live = next
+        return next
+      })
+    })
+  )
+
+  const annotationsOf = (tool: string) => tools.find((t) => t.name === tool)?.annotations
+  const reDrivable = (tool: string) => {
+    const a = annotationsOf(tool)
+    return config.isolation === "shared" && (a?.readOnlyHint === true || a?.idempotentHint === true)
+  }
+
+  const fail = (tool: string, reason: ToolCallErrorReason, message: string, delivered: boolean) =>
+    Effect.fail<CallFailure>({ error: new ToolCallError({ tool, server: config.name, reason, message }), delivered })
+
+  const callOnce = (tool: string, args: Readonly<Record<string, unknown>>) =>
+    Effect.gen(function* () {
+      const conn = yield* ensure.pipe(
+        Effect.catch((e) =>
+          Effect.fail<CallFailure>({
+            error: new ToolCallError({ tool, server: config.name, reason: "Disconnected", message: e.message }),
+            delivered: false
+          })
+        )
+      )
+      const result = yield* Effect.tryPromise({
+        try: (signal) =>
+          conn.client.callTool({ name: tool, arguments: { ...args } }, undefined, {
+            timeout: config.timeout_ms,
+            signal
+          }),
+        catch: (cause) => cause
+      }).pipe(
+        Effect.catch((cause) => {
+          const reason = classify(cause)
+          const message =
+            reason === "Timeout" ? `${tool} timed out after ${config.timeout_ms} ms` : describeCause(cause)
+          return fail(tool, reason, message, !isRefused(cause))
+        })
+      )
+      if (!("content" in result) && !("structuredContent" in result)) {
+        return yield* fail(tool, "ServerError", "malformed tools/call result", true)
+      }
+      const { text, truncated } = truncate(
+        resultText(result as { content?: unknown; structuredContent?: unknown }),
+        options.maxResultChars
+      )
+      if (result.isError === true) return yield* fail(tool, classifyErrorText(text), text, true)
+      const out: ToolResult =
+        result.structuredContent === undefined
+          ? { server: config.name, text, truncated }
+          : { server: config.name, text, truncated, structured: result.structuredContent }
+      return out
+    })
+
+  const call = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, ToolCallError> => {
+    let attempt = 0
+    return Effect.suspend(() => {
+      attempt++
+      if (attempt > 1) counters.retries++
+      counters.calls++
+      return callOnce(tool, args)
+    }).pipe(
+      Effect.retry({
+        schedule: backoff,
+        times: options.retries,
+        while: (f) => !f.delivered || (f.error.isRetryable && reDrivable(tool))
+      }),
+      Effect.mapError((f) => {
+        counters.errors++
+        return f.error
+      })
+    )
+  }
+
+  yield* Scope.addFinalizer(
+    scope,
+    Effect.suspend(() => (live === undefined ? Effect.void : closeLive(live)))
+  )
+
+  const connection: Connection = {
+    config,
+    tools: () => tools,
+    call,
+    pid: () => {
+      const t = live?.transport
+      return t instanceof ChildStdioTransport && t.alive ? t.child?.pid : undefined
+    }
+  }
+  return { connection, ensure }
+})
+
+// ---- the client -------------------------------------------------------------------------------------------------
+
+const toMcpTool =
+  (config: McpServerConfig, namespaced: boolean) =>
+  (tool: Tool): McpTool => ({
+    name: namespaced ? `${config.name}__${tool.name}` : tool.name,
+    server: config.name,
+    remoteName: tool.name,
+    description: tool.description ?? "",
+    inputSchema: tool.inputSchema as Record<string, unknown>,
+    readOnly: tool.annotations?.readOnlyHint === true,
+    idempotent: tool.annotations?.idempotentHint === true
+  })
+
+const mountedTools = (connections: ReadonlyArray<Connection>, namespaced: boolean): ReadonlyArray<McpTool> =>
+  connections.flatMap((c) =>
+    c
+      .tools()
+      .filter((t) => c.config.allowed_tools === undefined || c.config.allowed_tools.includes(t.name))
+      .map(toMcpTool(c.config, namespaced))
+  )
+
+const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean): McpSession => {
+  const call = (name: string, args: Readonly<Record<string, unknown>>) =>
+    Effect.suspend(() => {
+      const tools = mountedTools(connections, namespaced)
+      const tool = tools.find((t) => t.name === name)
+      if (tool === undefined) {
+        const server = namespaced ? (name.split("__")[0] ?? "") : (connections[0]?.config.name ?? "")
+        return Effect.fail(
+          new ToolCallError({
+            tool: name,
+            server,
+            reason: "UnknownTool",
+            message: `unknown tool ${name}; available: ${tools.map((t) => t.name).join(", ")}`
+          })
+        )
+      }
+      const connection = connections.find((c) => c.config.name === tool.server)!
+      return connection.call(tool.remoteName, args)
+    })
+  return {
+    get tools() {
+      return mountedTools(connections, namespaced)
+    },
+    call,
+    processIds: Effect.sync(() => connections.flatMap((c) => c.pid() ?? []))
+  }
+}
+
+/**
+ * Connects every configured server (eagerly: a bad command fails here, not at the first rollout) and lists tools.
+ * The scope owns every process and connection.
+ */
+export const make = Effect.fn("McpClient.make")(function* (options: McpClientOptions) {
+  const names = new Set<string>()
+  for (const s of options.servers) {
+    if (names.has(s.name)) {
+      return yield* new McpConnectError({ server: s.name, reason: "Spawn", message: `duplicate MCP server ${s.name}` })
+    }
+    names.add(s.name)
+  }
+  const counters: Counters = { calls: 0, errors: 0, retries: 0, restarts: 0, connects: 0 }
+  const connOptions = { maxResultChars: options.maxResultChars ?? 4096, retries: options.retries ?? 2, counters }
+  const namespaced = options.servers.length > 1
+  const defaults = yield* Effect.forEach(
+    options.servers,
+    (config) =>
+      Effect.gen(function* () {
+        const { connection, ensure } = yield* makeConnection(config, connOptions)
+        yield* ensure.pipe(Effect.retry({ schedule: backoff, times: connOptions.retries }))
+        return connection
+      }),
+    { concurrency: "unbounded" }
+  )
+  const own = makeSession(defaults, namespaced)
+  const sessionPids = new Set<() => Effect.Effect<ReadonlyArray<number>>>()
+
+  const session: Effect.Effect<McpSession, never, Scope.Scope> = Effect.gen(function* () {
+    const connections = yield* Effect.forEach(defaults, (c) =>
+      c.config.isolation === "shared"
+        ? Effect.succeed(c)
+        : makeConnection(c.config, connOptions, c.tools()).pipe(Effect.map((x) => x.connection))
+    )
+    const s = makeSession(connections, namespaced)
+    const pids = () => s.processIds
+    sessionPids.add(pids)
+    yield* Effect.addFinalizer(() => Effect.sync(() => sessionPids.delete(pids)))
+    return s
+  })
+
+  return McpClient.of({
+    servers: options.servers.map((s) => s.name),
+    tools: Effect.sync(() => own.tools),
+    call: own.call,
+    session,
+    stats: Effect.sync(() => ({
+      "mcp/calls": counters.calls,
+      "mcp/errors": counters.errors,
+      "mcp/retries": counters.retries,
+      "mcp/restarts": counters.restarts,
+      "mcp/connects": counters.connects
+    })),
+    processIds: Effect.gen(function* () {
+      const mine = yield* own.processIds
+      const others = yield* Effect.forEach([...sessionPids], (f) => f())
+      return [...new Set([...mine, ...others.flat()])]
+    })
+  })
+})
+
+export const layer = (options: McpClientOptions): Layer.Layer<McpClient, McpConnectError> =>
+  Layer.effect(McpClient, make(options))
+
+/** The client an `environment` config section describes. */
+export const layerFromConfig = (env: EnvironmentConfig): Layer.Layer<McpClient, McpConnectError> =>
+  layer({ servers: env.mcp_servers, maxResultChars: env.max_result_chars, retries: env.retries })

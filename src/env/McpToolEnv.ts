@@ -1,0 +1,188 @@
+/**
+ * `mcp_tool`: a multi-turn tool-use environment over MCP servers (through `ToolIo`: live, record or replay).
+ *
+ * init: adds a system message listing the tools (name, description, JSON schema) and how to call them in the
+ *   configured format, unless `toolsInSystemPrompt` is off (the chat template renders `metadata.tools` instead);
+ *   `metadata.tools` always holds the tools in OpenAI function format.
+ * step: parses the model's text (`ToolCallParser`), runs each call in order, answers with one `tool` message per
+ *   call. The episode ends on a final answer (text without a tool call, or `<answer>…</answer>`), after `max_turns`
+ *   steps, or when the reward function says so. Parse failures and tool errors become observations (`Error: …`),
+ *   never failures, and are counted (`env/parse_failures`, `env/tool_errors`).
+ * reward: `Rewards.evaluate(row.reward_spec, episode)` on every step (per-turn rewards, final reward on the last).
+ *
+ * Row extras read: `max_turns` (overrides the option).
+ */
+import { Effect, type Layer } from "effect"
+import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
+import type { Message } from "../domain/Message.ts"
+import type { PromptRow } from "../domain/PromptRow.ts"
+import type { ToolCallRecord } from "../domain/ToolCall.ts"
+import { type Env, EnvError, type FunctionTool, type InitResult, type StepResult } from "./Env.ts"
+import * as EnvRegistry from "./EnvRegistry.ts"
+import type { McpTool } from "./McpClient.ts"
+import * as Rewards from "./Rewards.ts"
+import * as ToolCallParser from "./ToolCallParser.ts"
+import { ToolIo } from "./ToolIo.ts"
+
+export const envClass = "mcp_tool"
+
+export interface McpToolEnvOptions {
+  readonly toolCallFormat: ToolCallParser.Format
+  readonly maxTurns: number
+  /** List the tools in a system message (default true). Off when the chat template renders `metadata.tools`. */
+  readonly toolsInSystemPrompt?: boolean
+}
+
+export const optionsFromConfig = (
+  env: EnvironmentConfig,
+  generator: { readonly max_turns: number }
+): McpToolEnvOptions => ({ toolCallFormat: env.tool_call_format, maxTurns: generator.max_turns })
+
+/** The tool list in OpenAI function format. */
+export const functionTools = (tools: ReadonlyArray<McpTool>): ReadonlyArray<FunctionTool> =>
+  tools.map((t) => ({
+    type: "function",
+    function: { name: t.name, description: t.description, parameters: schemaForPrompt(t.inputSchema) }
+  }))
+
+/** The input schema without keys that only cost prompt tokens. */
+const schemaForPrompt = (schema: Readonly<Record<string, unknown>>): Record<string, unknown> => {
+  const { $schema: _s, additionalProperties: _a, ...rest } = schema
+  return rest
+}
+
+const example = (tools: ReadonlyArray<McpTool>, format: ToolCallParser.WriteFormat): string => {
+  const first = tools[0]
+  const props = (first?.inputSchema["properties"] ?? {}) as Record<string, { type?: string }>
+  const args = Object.fromEntries(Object.entries(props).map(([k, v]) => [k, v.type === "number" ? 1 : "…"]))
+  return ToolCallParser.toText({ name: first?.name ?? "tool", arguments: args }, format)
+}
+
+/** The system text that teaches the tools and the call format. */
+export const systemPrompt = (tools: ReadonlyArray<McpTool>, format: ToolCallParser.Format): string => {
+  const write: ToolCallParser.WriteFormat = format === "auto" ? "hermes" : format
+  const lines = functionTools(tools).map((t) => JSON.stringify(t.function))
+  const answer = write === "react" ? "Final Answer: …" : "<answer>…</answer>"
+  return [
+    "You can call these tools:",
+    ...lines,
+    `To call a tool, write: ${example(tools, write)}`,
+    `When you know the answer, write ${answer}.`
+  ].join("\n")
+}
+
+const withSystem = (prompt: ReadonlyArray<Message>, text: string): ReadonlyArray<Message> => {
+  const [first, ...rest] = prompt
+  if (first?.role === "system") return [{ ...first, content: `${first.content}\n\n${text}` }, ...rest]
+  return [{ role: "system", content: text }, ...prompt]
+}
+
+const positiveInt = (x: unknown): number | undefined =>
+  typeof x === "number" && Number.isInteger(x) && x > 0 ? x : undefined
+
+/** The env of one trajectory. Its tool session (and any per-trajectory server) closes with the scope. */
+export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, options: McpToolEnvOptions) {
+  const toolIo = yield* ToolIo
+  const session = yield* toolIo.session
+  const maxTurns =
+    positiveInt(row.extras?.["max_turns"]) ?? positiveInt(row.extra_info?.["max_turns"]) ?? options.maxTurns
+  const format = options.toolCallFormat
+
+  let turn = 0
+  let done = false
+  const calls: Array<ToolCallRecord> = []
+  const counters = { turns: 0, toolCalls: 0, toolErrors: 0, parseFailures: 0, toolMs: 0, answered: 0 }
+  let rewardMetrics: Record<string, number> = {}
+
+  const fail = (reason: EnvError["reason"], message: string, cause?: unknown) =>
+    new EnvError({ envClass, reason, message, cause })
+
+  const init = (prompt: ReadonlyArray<Message>): Effect.Effect<InitResult, EnvError> =>
+    Effect.sync(() => ({
+      messages:
+        options.toolsInSystemPrompt === false ? prompt : withSystem(prompt, systemPrompt(session.tools, format)),
+      metadata: { tools: functionTools(session.tools) }
+    }))
+
+  const reward = (finalAnswer: string | undefined, stepCalls: ReadonlyArray<ToolCallRecord>, isDone: boolean) =>
+    Rewards.evaluate(row.reward_spec, {
+      calls,
+      finalAnswer,
+      turn: turn - 1,
+      done: isDone,
+      stepCalls,
+      parseFailures: counters.parseFailures
+    }).pipe(Effect.mapError((e) => fail("Reward", e.message, e)))
+
+  const step = (actionText: string): Effect.Effect<StepResult, EnvError> =>
+    Effect.gen(function* () {
+      if (done) return yield* fail("Failed", "step after the episode ended")
+      turn++
+      counters.turns++
+      const parsed = ToolCallParser.parse(actionText, format)
+      if (parsed.error !== undefined) counters.parseFailures++
+
+      const records: Array<ToolCallRecord> = []
+      for (const call of parsed.calls) {
+        const record = yield* session.call(call).pipe(Effect.mapError((e) => fail("ReplayMiss", e.message, e)))
+        records.push(record)
+        calls.push(record)
+        counters.toolCalls++
+        counters.toolMs += record.ms
+        if (record.isError) counters.toolErrors++
+      }
+
+      // the parser gives a final answer for text without calls, for <answer>…</answer> and for ReAct's Final Answer
+      const answered = parsed.finalAnswer !== undefined
+      let stopReason: string | undefined = answered ? "answer" : turn >= maxTurns ? "max_turns" : undefined
+      let result = yield* reward(parsed.finalAnswer, records, stopReason !== undefined)
+      if (result.done === true && stopReason === undefined) {
+        stopReason = "env_done"
+        result = yield* reward(parsed.finalAnswer, records, true)
+      }
+      if (answered) counters.answered = 1
+      if (stopReason !== undefined) {
+        done = true
+        rewardMetrics = result.metrics
+      }
+
+      const observations: Array<Message> = []
+      if (!done) {
+        for (const r of records)
+          observations.push({ role: "tool", content: r.result, tool_call_id: r.id, name: r.tool })
+        if (parsed.error !== undefined) observations.push({ role: "tool", content: `Error: ${parsed.error}` })
+      }
+      return {
+        observations,
+        reward: result.reward,
+        done,
+        metadata: {
+          toolCalls: records,
+          ...(parsed.error === undefined ? {} : { parseError: parsed.error }),
+          ...(parsed.finalAnswer === undefined ? {} : { finalAnswer: parsed.finalAnswer }),
+          ...(stopReason === undefined ? {} : { stopReason })
+        }
+      } satisfies StepResult
+    })
+
+  const env: Env = {
+    envClass,
+    init,
+    step,
+    metrics: Effect.sync(() => ({
+      "env/turns": counters.turns,
+      "env/tool_calls": counters.toolCalls,
+      "env/tool_errors": counters.toolErrors,
+      "env/parse_failures": counters.parseFailures,
+      "env/tool_ms": counters.toolMs,
+      "env/answered": counters.answered,
+      ...rewardMetrics
+    })),
+    close: Effect.void // the tool session is closed by the scope
+  }
+  return env
+})
+
+/** Registers `mcp_tool` in the EnvRegistry; needs a ToolIo (live, record or replay). */
+export const layer = (options: McpToolEnvOptions): Layer.Layer<never, never, EnvRegistry.EnvRegistry | ToolIo> =>
+  EnvRegistry.layerRegister(envClass, (row) => make(row, options))
