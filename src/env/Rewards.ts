@@ -14,7 +14,8 @@
  * 1. Only calls that succeeded (`isError` false) count as "called": a call the tool rejected did not do the work.
  * 2. `weights.answer` weighs the outcome, not the answer alone, so a row without `answer` (only `tool_sequence` or
  *    `must_call_tool`) still earns 1 on success with the default weights.
- * 3. A bare string or number as ground truth means `{ answer: <it> }` (SkyRL's gsm8k rows look like this).
+ * 3. A bare string, number or array of them as ground truth means `{ answer: <it> }` (SkyRL's gsm8k rows look like
+ *    this); an array lists accepted answers.
  * 4. Per-turn rewards (`per_turn`) are paid for `Episode.stepCalls`, the calls of the step being scored.
  */
 import { Effect, Schema } from "effect"
@@ -46,7 +47,14 @@ export const RuleGroundTruth = Schema.Struct({
   // strict: the successful calls are exactly the sequence; subsequence: in this order, other calls between allowed;
   // any: each expected call matched by a distinct call, in any order.
   order: Schema.Literals(["strict", "subsequence", "any"]).pipe(withDefault("subsequence")),
-  answer: Schema.optionalKey(Schema.Union([Schema.String, Schema.Finite])),
+  // one answer, or several that are all accepted (aliases: "NYC", "New York City")
+  answer: Schema.optionalKey(
+    Schema.Union([
+      Schema.String,
+      Schema.Finite,
+      Schema.Array(Schema.Union([Schema.String, Schema.Finite])).check(Schema.isMinLength(1))
+    ])
+  ),
   // exact: equal after trimming; normalized: case, spacing, currency signs and thousands separators ignored, numbers
   // compared as numbers; numeric: the number in the answer (\boxed{}, "#### n", else the last one) within tolerance.
   answer_match: Schema.Literals(["exact", "normalized", "numeric"]).pipe(withDefault("normalized")),
@@ -166,13 +174,13 @@ export const evaluate = Effect.fn("Rewards.evaluate")(function* (
   const perTurn = perTurnReward(truth, episode.stepCalls ?? [])
   if (!episode.done) return { reward: perTurn, metrics: {} }
   const parts = score(truth, episode)
-  const reward = finalReward(truth, parts) + perTurn
-  const metrics: Record<string, number> = { "reward/rule": reward - perTurn }
+  const ruleReward = finalReward(truth, parts)
+  const metrics: Record<string, number> = { "reward/rule": ruleReward }
   for (const [key, value] of Object.entries(parts)) metrics[`reward/${key}`] = value
-  return { reward, metrics }
+  return { reward: ruleReward + perTurn, metrics }
 })
 
-/** Decodes `ground_truth` for method "rule"; a bare string or number is the answer. */
+/** Decodes `ground_truth` for method "rule"; a bare string, number or array of them is the answer. */
 export const decodeGroundTruth = (groundTruth: unknown): Effect.Effect<RuleGroundTruth, RewardError> => {
   if (groundTruth === undefined) {
     return Effect.fail(
@@ -180,7 +188,9 @@ export const decodeGroundTruth = (groundTruth: unknown): Effect.Effect<RuleGroun
     )
   }
   const input =
-    typeof groundTruth === "string" || typeof groundTruth === "number" ? { answer: groundTruth } : groundTruth
+    typeof groundTruth === "string" || typeof groundTruth === "number" || Array.isArray(groundTruth)
+      ? { answer: groundTruth }
+      : groundTruth
   return Schema.decodeUnknownEffect(RuleGroundTruth)(input, { errors: "all", onExcessProperty: "error" }).pipe(
     Effect.mapError(
       (e) => new RewardError({ method: "rule", reason: "BadGroundTruth", message: `ground_truth: ${e.message}` })
@@ -195,12 +205,13 @@ export const score = (
 ): Score => {
   const succeeded = episode.calls.filter((call) => !call.isError)
   const tolerance = toleranceOf(truth.tolerance)
+  const final = episode.finalAnswer
   const answerCorrect =
     truth.answer === undefined
       ? undefined
       : bit(
-          episode.finalAnswer !== undefined &&
-            answerMatches(truth.answer, episode.finalAnswer, truth.answer_match, tolerance)
+          final !== undefined &&
+            toArray(truth.answer).some((a) => answerMatches(a, final, truth.answer_match, tolerance))
         )
   const sequence =
     truth.tool_sequence === undefined

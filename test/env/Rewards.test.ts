@@ -89,6 +89,14 @@ describe("Rewards.evaluate: answers", () => {
     })
   )
 
+  it.effect("an array lists accepted answers; any one of them is correct", () =>
+    Effect.gen(function* () {
+      assert.strictEqual(yield* rule({ answer: ["NYC", "New York City"] }, finished("new york city")), 1)
+      assert.strictEqual(yield* rule(["NYC", 10], finished("10.0")), 1)
+      assert.strictEqual(yield* rule({ answer: ["NYC", "New York City"] }, finished("Boston")), 0)
+    })
+  )
+
   it.effect("an episode cut off before answering earns 0", () =>
     Effect.gen(function* () {
       assert.strictEqual(yield* rule({ answer: 5 }, finished(undefined)), 0)
