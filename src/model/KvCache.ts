@@ -1,0 +1,136 @@
+/**
+ * A key/value cache over a batch of left-padded rows, for incremental decoding. Each row's real tokens end at the
+ * same slot (left padding), so one new token per row appends one column for the whole batch. Padding keys stay in
+ * the cache, masked out by `keyMask`; RoPE positions count real tokens only, so a padded row decodes exactly as it
+ * would alone.
+ *
+ * The cache owns its tensors: `extend` and `select` return a new cache and dispose the old one's tensors, `dispose`
+ * frees the last one. The caller owns the `WeightView` it passes (rebuild it when the weights change: keys/values
+ * already cached stay as the old weights computed them, which is what in-flight weight updates in vLLM do too).
+ */
+import * as tf from "@tensorflow/tfjs"
+import * as Transformer from "./Transformer.ts"
+
+export interface KvCache {
+  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keysT [B, Hkv, hd, L], values [B, Hkv, L, hd]
+  readonly keyMask: Uint8Array // [B, L] row-major, 1 = real token
+  readonly nextPosition: Int32Array // [B], RoPE position of each row's next token (= its real-token count)
+  readonly batch: number // B
+  readonly length: number // L
+}
+
+export interface Stepped {
+  readonly cache: KvCache
+  readonly logits: Float32Array // [B, V] row-major: each row's next-token logits
+}
+
+const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number, T: number): Float32Array =>
+  tf.tidy(() => {
+    const D = hidden.shape[1]
+    const last = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [B, D]) as tf.Tensor2D // [B, D]
+    return Transformer.logitsOf(view, last).dataSync() as Float32Array // [B, V]
+  })
+
+/** Run the prompts (ragged; left-padded here) and cache their keys/values. Every prompt must be non-empty. */
+export const prefill = (
+  model: Transformer.Transformer,
+  view: Transformer.WeightView,
+  prompts: ReadonlyArray<ReadonlyArray<number>>
+): Stepped => {
+  const B = prompts.length
+  const P = Math.max(...prompts.map((p) => p.length))
+  if (prompts.some((p) => p.length === 0)) throw new Error("KvCache.prefill: empty prompt")
+  const ids = new Int32Array(B * P)
+  const keyMask = new Uint8Array(B * P)
+  prompts.forEach((prompt, b) => {
+    const pad = P - prompt.length
+    prompt.forEach((id, t) => {
+      ids[b * P + pad + t] = id
+      keyMask[b * P + pad + t] = 1
+    })
+  })
+  const positions = Transformer.positionsFromMask(keyMask, B, P)
+  const out = tf.tidy(() => {
+    const step = Transformer.step(model, view, { ids: tf.tensor2d(ids, [B, P], "int32"), keyMask, positions })
+    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+  })
+  const logits = lastLogits(view, out.hidden, B, P)
+  out.hidden.dispose()
+  return {
+    cache: {
+      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      keyMask,
+      nextPosition: Int32Array.from(prompts, (p) => p.length),
+      batch: B,
+      length: P
+    },
+    logits
+  }
+}
+
+/** Append one token per row; returns the next-token logits. Disposes the old cache's tensors. */
+export const extend = (
+  model: Transformer.Transformer,
+  view: Transformer.WeightView,
+  cache: KvCache,
+  tokens: ArrayLike<number>
+): Stepped => {
+  const B = cache.batch
+  const L = cache.length + 1
+  const keyMask = new Uint8Array(B * L)
+  for (let b = 0; b < B; b++) {
+    keyMask.set(cache.keyMask.subarray(b * cache.length, (b + 1) * cache.length), b * L)
+    keyMask[b * L + L - 1] = 1
+  }
+  const out = tf.tidy(() => {
+    const step = Transformer.step(model, view, {
+      ids: tf.tensor2d(Int32Array.from(tokens), [B, 1], "int32"),
+      keyMask,
+      positions: cache.nextPosition,
+      past: cache.layers
+    })
+    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+  })
+  dispose(cache)
+  const logits = lastLogits(view, out.hidden, B, 1)
+  out.hidden.dispose()
+  return {
+    cache: {
+      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      keyMask,
+      nextPosition: cache.nextPosition.map((p) => p + 1),
+      batch: B,
+      length: L
+    },
+    logits
+  }
+}
+
+/** Keep only `rows` (in that order), e.g. when some requests finished. Disposes the old cache's tensors. */
+export const select = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => {
+  const L = cache.length
+  const layers = tf.tidy(() => {
+    const index = tf.tensor1d(Int32Array.from(rows), "int32")
+    return cache.layers.map((c) => ({
+      keysT: tf.gather(c.keysT, index) as tf.Tensor4D, // [B', Hkv, hd, L]
+      values: tf.gather(c.values, index) as tf.Tensor4D // [B', Hkv, L, hd]
+    }))
+  })
+  const keyMask = new Uint8Array(rows.length * L)
+  rows.forEach((r, i) => keyMask.set(cache.keyMask.subarray(r * L, (r + 1) * L), i * L))
+  dispose(cache)
+  return {
+    layers,
+    keyMask,
+    nextPosition: Int32Array.from(rows, (r) => cache.nextPosition[r]!),
+    batch: rows.length,
+    length: L
+  }
+}
+
+export const dispose = (cache: KvCache): void => {
+  for (const c of cache.layers) {
+    c.keysT.dispose()
+    c.values.dispose()
+  }
+}

@@ -1,0 +1,284 @@
+/**
+ * Batched generation over ragged prompts: a KV-cache path (prefill once, then one token per row per step) and a
+ * no-cache reference path (recompute the whole sequence every step) that tests hold the cache path to.
+ *
+ * Per row and step: logits z → temperature τ → top-k → top-p (nucleus) → renormalise → draw with the request's own
+ * PRNG (`Prng.make(seed)`, one uniform per step), so the same seed and weights give the same tokens whatever else is
+ * in the batch. τ = 0 is greedy (argmax, no draw).
+ *
+ * Log-probs (`logprobsMode`):
+ * - `"processed"` (default): log of the probability the token was actually drawn with, i.e. of softmax(z/τ) restricted
+ *   to the top-k ∩ top-p set and renormalised (vLLM's `logprobs_mode="processed_logprobs"`). With top-k/top-p off this
+ *   equals `LogProbs.ofSequences(..., { temperature: τ })`, which is what the trainer recomputes. vLLM's default is
+ *   `raw_logprobs` (log softmax(z), before temperature), so behaviour log-probs from a remote vLLM must be asked for
+ *   `processed_logprobs` to be comparable.
+ * - `"raw"`: log softmax(z), before temperature and truncation.
+ * Greedy (τ = 0) has a degenerate processed distribution (log 1 = 0), so greedy tokens report the raw log-prob in both
+ * modes.
+ *
+ * Stops: a token in `stopTokenIds` (kept in the output), a stop string appearing in `decode(generated)` (the token
+ * that completed it is kept), `maxNewTokens`, or the context limit (`max_position_embeddings`), the last two giving
+ * finish reason `length`.
+ *
+ * In-flight weight updates: `beforeStep` runs before the prefill and before every decode step; it may change the
+ * model's variables (e.g. `Snapshot.load`) and returns the weights' version. When the version changes, the fused
+ * inference view is rebuilt; cached keys/values of earlier tokens are kept. Each token records the version that
+ * produced its logits.
+ */
+
+import * as tf from "@tensorflow/tfjs"
+import * as KvCache from "./KvCache.ts"
+import * as Prng from "./Prng.ts"
+import * as Transformer from "./Transformer.ts"
+
+export interface SamplingParams {
+  readonly maxNewTokens: number
+  readonly temperature: number // 0 = greedy
+  readonly topK: number // 0 = off
+  readonly topP: number // 1 = off
+  readonly stopTokenIds: ReadonlyArray<number>
+  readonly stopStrings: ReadonlyArray<string>
+  readonly seed: number
+}
+
+export const defaultParams: SamplingParams = {
+  maxNewTokens: 64,
+  temperature: 1,
+  topK: 0,
+  topP: 1,
+  stopTokenIds: [],
+  stopStrings: [],
+  seed: 0
+}
+
+export interface Request {
+  readonly promptIds: ReadonlyArray<number>
+  readonly sampling: SamplingParams
+}
+
+export type FinishReason = "stop" | "length"
+
+export interface Completion {
+  readonly tokens: ReadonlyArray<number> // generated ids, including the stop token that ended the request
+  readonly logprobs: ReadonlyArray<number> // one per token, see logprobsMode
+  readonly versions: ReadonlyArray<number> // weights version that produced each token
+  readonly finishReason: FinishReason
+}
+
+export interface Options {
+  /** Needed for stop strings: token ids → text. */
+  readonly decode?: (ids: ReadonlyArray<number>) => string
+  /** Called before each forward; may update the weights in place; returns their version. */
+  readonly beforeStep?: () => number | Promise<number>
+  readonly logprobsMode?: "processed" | "raw"
+  /** false = the no-cache reference path (slow; for tests). Default true. */
+  readonly useCache?: boolean
+}
+
+/** Draw one token from a logits row. Exported for tests. */
+export const pick = (
+  z: Float32Array,
+  params: Pick<SamplingParams, "temperature" | "topK" | "topP">,
+  prng: Prng.Prng,
+  mode: "processed" | "raw" = "processed"
+): { readonly token: number; readonly logprob: number } => {
+  const V = z.length
+  let zMax = Number.NEGATIVE_INFINITY
+  let argmax = 0
+  for (let i = 0; i < V; i++) {
+    if (z[i]! > zMax) {
+      zMax = z[i]!
+      argmax = i
+    }
+  }
+  let rawSum = 0
+  for (let i = 0; i < V; i++) rawSum += Math.exp(z[i]! - zMax)
+  const rawLogprob = (token: number): number => z[token]! - zMax - Math.log(rawSum)
+  if (params.temperature <= 0) return { token: argmax, logprob: rawLogprob(argmax) }
+
+  const tau = params.temperature
+  // candidates: every token, or the top-k / nucleus set sorted by logit (descending)
+  const truncate = (params.topK > 0 && params.topK < V) || params.topP < 1
+  let candidates: Array<number> | Int32Array
+  if (truncate) {
+    const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => z[b]! - z[a]! || a - b)
+    candidates = params.topK > 0 && params.topK < V ? order.slice(0, params.topK) : order
+  } else {
+    candidates = Int32Array.from({ length: V }, (_, i) => i)
+  }
+  const weights = new Float64Array(candidates.length)
+  let total = 0
+  for (let i = 0; i < candidates.length; i++) {
+    weights[i] = Math.exp((z[candidates[i]!]! - zMax) / tau)
+    total += weights[i]!
+  }
+  let kept = candidates.length
+  if (params.topP < 1) {
+    // keep the smallest prefix whose mass reaches topP (at least one token)
+    let mass = 0
+    for (let i = 0; i < candidates.length; i++) {
+      mass += weights[i]! / total
+      if (mass >= params.topP) {
+        kept = i + 1
+        break
+      }
+    }
+    total = 0
+    for (let i = 0; i < kept; i++) total += weights[i]!
+  }
+  const u = prng.next() * total
+  let acc = 0
+  let chosen = kept - 1
+  for (let i = 0; i < kept; i++) {
+    acc += weights[i]!
+    if (u < acc) {
+      chosen = i
+      break
+    }
+  }
+  const token = candidates[chosen]!
+  return { token, logprob: mode === "raw" ? rawLogprob(token) : Math.log(weights[chosen]! / total) }
+}
+
+/** What produces next-token logits for the active rows: the KV cache or the recompute-everything reference. */
+interface Stepper {
+  /** Logits [B_active, V] for the rows' next tokens. `appended` = the token each active row just got (absent first). */
+  readonly next: (view: Transformer.WeightView, appended?: ReadonlyArray<number>) => Float32Array
+  /** Keep these active-row indices (in order). */
+  readonly keep: (rows: ReadonlyArray<number>) => void
+  readonly dispose: () => void
+}
+
+const cacheStepper = (model: Transformer.Transformer, prompts: ReadonlyArray<ReadonlyArray<number>>): Stepper => {
+  let cache: KvCache.KvCache | undefined
+  return {
+    next: (view, appended) => {
+      const stepped =
+        cache === undefined || appended === undefined
+          ? KvCache.prefill(model, view, prompts)
+          : KvCache.extend(model, view, cache, appended)
+      cache = stepped.cache
+      return stepped.logits
+    },
+    keep: (rows) => {
+      if (cache !== undefined) cache = KvCache.select(cache, rows)
+    },
+    dispose: () => {
+      if (cache !== undefined) KvCache.dispose(cache)
+    }
+  }
+}
+
+const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray<ReadonlyArray<number>>): Stepper => {
+  let sequences = prompts.map((p) => [...p])
+  return {
+    next: (view, appended) => {
+      if (appended !== undefined) sequences.forEach((s, i) => s.push(appended[i]!))
+      const B = sequences.length
+      const T = Math.max(...sequences.map((s) => s.length))
+      const ids = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s])
+      const attentionMask = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s.map(() => 1)])
+      return tf.tidy(() => {
+        const hidden = Transformer.hiddenStates(model, { ids, attentionMask }, view) // [B·T, D]
+        const D = hidden.shape[1]
+        const last = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [
+          B,
+          D
+        ]) as tf.Tensor2D
+        return Transformer.logitsOf(view, last).dataSync() as Float32Array // [B, V]
+      })
+    },
+    keep: (rows) => {
+      sequences = rows.map((r) => sequences[r]!)
+    },
+    dispose: () => {}
+  }
+}
+
+interface Row {
+  readonly request: Request
+  readonly prng: Prng.Prng
+  readonly tokens: Array<number>
+  readonly logprobs: Array<number>
+  readonly versions: Array<number>
+  finishReason?: FinishReason
+}
+
+/** Generate for a batch of requests; results in request order. Rejects on an empty prompt. */
+export const generate = async (
+  model: Transformer.Transformer,
+  requests: ReadonlyArray<Request>,
+  options: Options = {}
+): Promise<Array<Completion>> => {
+  const rows: Array<Row> = requests.map((request) => ({
+    request,
+    prng: Prng.make(request.sampling.seed),
+    tokens: [],
+    logprobs: [],
+    versions: []
+  }))
+  const maxContext = model.config.maxPositionEmbeddings
+  const isDone = (row: Row): boolean =>
+    row.request.sampling.maxNewTokens <= 0 || row.request.promptIds.length >= maxContext
+  let active = rows.map((_, i) => i).filter((i) => !isDone(rows[i]!))
+  for (const row of rows) if (isDone(row)) row.finishReason = "length"
+  if (rows.some((r) => r.request.promptIds.length === 0)) throw new Error("Sampling.generate: empty prompt")
+  if (active.length === 0) return rows.map(toCompletion)
+
+  const prompts = active.map((i) => rows[i]!.request.promptIds)
+  const stepper = options.useCache === false ? referenceStepper(model, prompts) : cacheStepper(model, prompts)
+  let version: number | undefined
+  let view: Transformer.WeightView | undefined
+  const mode = options.logprobsMode ?? "processed"
+  try {
+    let appended: Array<number> | undefined
+    while (active.length > 0) {
+      const v = options.beforeStep === undefined ? 0 : await options.beforeStep()
+      if (view === undefined || v !== version) {
+        if (view !== undefined) Transformer.disposeView(view)
+        view = Transformer.inferenceView(model)
+        version = v
+      }
+      const logits = stepper.next(view, appended)
+      const V = logits.length / active.length
+      const still: Array<number> = []
+      appended = []
+      active.forEach((r, i) => {
+        const row = rows[r]!
+        const s = row.request.sampling
+        const { token, logprob } = pick(logits.subarray(i * V, (i + 1) * V), s, row.prng, mode)
+        row.tokens.push(token)
+        row.logprobs.push(logprob)
+        row.versions.push(v)
+        if (s.stopTokenIds.includes(token)) row.finishReason = "stop"
+        else if (s.stopStrings.length > 0 && options.decode !== undefined) {
+          const text = options.decode(row.tokens)
+          if (s.stopStrings.some((stop) => stop.length > 0 && text.includes(stop))) row.finishReason = "stop"
+        }
+        if (row.finishReason === undefined) {
+          if (row.tokens.length >= s.maxNewTokens || row.request.promptIds.length + row.tokens.length >= maxContext) {
+            row.finishReason = "length"
+          }
+        }
+        if (row.finishReason === undefined) {
+          still.push(i)
+          appended!.push(token)
+        }
+      })
+      if (still.length === 0) break
+      if (still.length < active.length) stepper.keep(still)
+      active = still.map((i) => active[i]!)
+    }
+  } finally {
+    stepper.dispose()
+    if (view !== undefined) Transformer.disposeView(view)
+  }
+  return rows.map(toCompletion)
+}
+
+const toCompletion = (row: Row): Completion => ({
+  tokens: row.tokens,
+  logprobs: row.logprobs,
+  versions: row.versions,
+  finishReason: row.finishReason ?? "length"
+})

@@ -1,0 +1,164 @@
+import * as tf from "@tensorflow/tfjs"
+import { Effect } from "effect"
+import { assert, beforeAll, describe, it } from "vitest"
+import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as LogProbs from "../../src/model/LogProbs.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Prng from "../../src/model/Prng.ts"
+import * as Sampling from "../../src/model/Sampling.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
+
+const config = ModelConfig.fromInit({
+  architecture: "qwen3",
+  vocab_size: 40,
+  hidden_size: 32,
+  intermediate_size: 48,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  head_dim: 10,
+  rope_theta: 10000,
+  rms_norm_eps: 1e-6,
+  max_position_embeddings: 64,
+  tie_word_embeddings: false
+})
+
+const params = (over: Partial<Sampling.SamplingParams>): Sampling.SamplingParams => ({
+  ...Sampling.defaultParams,
+  ...over
+})
+const prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15]]
+
+let model: Transformer.Transformer
+beforeAll(async () => {
+  await Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" }))
+  model = Transformer.init(config, 5, 0.3)
+})
+
+describe("Sampling.generate", () => {
+  it("greedy with the KV cache equals greedy recomputing everything, on a ragged batch", async () => {
+    const requests = prompts.map((p, i) => ({
+      promptIds: p,
+      sampling: params({ temperature: 0, maxNewTokens: 6 + i })
+    }))
+    const cached = await Sampling.generate(model, requests)
+    const reference = await Sampling.generate(model, requests, { useCache: false })
+    assert.deepStrictEqual(
+      cached.map((c) => c.tokens),
+      reference.map((c) => c.tokens)
+    )
+    cached.forEach((c, i) => {
+      assert.strictEqual(c.tokens.length, 6 + i)
+      assert.strictEqual(c.finishReason, "length")
+      c.logprobs.forEach((lp, t) => assert.approximately(lp, reference[i]!.logprobs[t]!, 1e-4))
+    })
+    // and a row decodes the same alone as in the padded batch
+    const alone = await Sampling.generate(model, [requests[1]!])
+    assert.deepStrictEqual(alone[0]!.tokens, cached[1]!.tokens)
+  })
+
+  it("the same seed gives the same tokens, whatever else is in the batch; another seed differs", async () => {
+    const s = params({ temperature: 1.3, maxNewTokens: 12, seed: 42 })
+    const a = await Sampling.generate(model, [{ promptIds: [1, 2, 3], sampling: s }])
+    const b = await Sampling.generate(model, [
+      { promptIds: [9, 9, 9, 9, 9], sampling: params({ seed: 1, maxNewTokens: 3 }) },
+      { promptIds: [1, 2, 3], sampling: s }
+    ])
+    const c = await Sampling.generate(model, [{ promptIds: [1, 2, 3], sampling: { ...s, seed: 43 } }])
+    assert.deepStrictEqual(b[1]!.tokens, a[0]!.tokens)
+    assert.notDeepEqual(c[0]!.tokens, a[0]!.tokens)
+  })
+
+  it("processed log-probs (top-k/p off) equal the trainer's LogProbs at the same temperature", async () => {
+    const [out] = await Sampling.generate(model, [
+      { promptIds: [5, 6, 7], sampling: params({ temperature: 0.8, maxNewTokens: 8, seed: 3 }) }
+    ])
+    const ids = [5, 6, 7, ...out!.tokens]
+    const { logprobs } = LogProbs.ofSequences(model, { ids: [ids] }, { temperature: 0.8 })
+    const trainer = Array.from(logprobs.dataSync()).slice(3)
+    logprobs.dispose()
+    out!.logprobs.forEach((lp, t) => assert.approximately(lp, trainer[t]!, 1e-4))
+  })
+
+  it("stops on a stop token (kept) and on a stop string", async () => {
+    const [greedy] = await Sampling.generate(model, [
+      { promptIds: [1, 2], sampling: params({ temperature: 0, maxNewTokens: 8 }) }
+    ])
+    const stopAt = greedy!.tokens[2]!
+    const first = greedy!.tokens.indexOf(stopAt)
+    const [stopped] = await Sampling.generate(model, [
+      { promptIds: [1, 2], sampling: params({ temperature: 0, maxNewTokens: 8, stopTokenIds: [stopAt] }) }
+    ])
+    assert.deepStrictEqual(stopped!.tokens, greedy!.tokens.slice(0, first + 1))
+    assert.strictEqual(stopped!.finishReason, "stop")
+    const decode = (ids: ReadonlyArray<number>) => ids.map((i) => String.fromCharCode(97 + (i % 26))).join("")
+    const text = decode(greedy!.tokens.slice(0, 4))
+    const [byString] = await Sampling.generate(
+      model,
+      [{ promptIds: [1, 2], sampling: params({ temperature: 0, maxNewTokens: 8, stopStrings: [text.slice(2, 4)] }) }],
+      { decode }
+    )
+    assert.strictEqual(byString!.finishReason, "stop")
+    assert.isAtMost(byString!.tokens.length, 4)
+  })
+
+  it("records the weights version per token when weights change between decode steps", async () => {
+    const other = Transformer.init(config, 6, 0.3)
+    const copy = Transformer.init(config, 5, 0.3)
+    let step = 0
+    const [out] = await Sampling.generate(
+      copy,
+      [{ promptIds: [1, 2, 3], sampling: params({ temperature: 0, maxNewTokens: 6 }) }],
+      {
+        beforeStep: () => {
+          step++
+          if (step === 4)
+            for (const t of Transformer.toHfArrays(other)) Transformer.assignHf(copy, t.name, t.shape, t.data)
+          return step >= 4 ? 1 : 0
+        }
+      }
+    )
+    assert.deepStrictEqual(out!.versions, [0, 0, 0, 1, 1, 1])
+    // the first three tokens are the old model's greedy tokens
+    const [old] = await Sampling.generate(model, [
+      { promptIds: [1, 2, 3], sampling: params({ temperature: 0, maxNewTokens: 3 }) }
+    ])
+    assert.deepStrictEqual(out!.tokens.slice(0, 3), old!.tokens)
+    Transformer.dispose(other)
+    Transformer.dispose(copy)
+  })
+
+  it("leaves no tensors behind", async () => {
+    const before = tf.memory().numTensors
+    await Sampling.generate(
+      model,
+      prompts.map((p, i) => ({
+        promptIds: p,
+        sampling: params({ maxNewTokens: 3 + 2 * i, seed: i, topK: 5, topP: 0.9 })
+      }))
+    )
+    assert.strictEqual(tf.memory().numTensors, before)
+  })
+})
+
+describe("Sampling.pick", () => {
+  // z = log [0.5, 0.3, 0.15, 0.05]
+  const z = Float32Array.from([0.5, 0.3, 0.15, 0.05].map(Math.log))
+  it("top-p 0.7 keeps {0.5, 0.3} and renormalises: log-probs log(5/8), log(3/8)", () => {
+    const prng = Prng.make(1)
+    const seen = new Map<number, number>()
+    for (let i = 0; i < 200; i++) {
+      const { token, logprob } = Sampling.pick(z, { temperature: 1, topK: 0, topP: 0.7 }, prng)
+      seen.set(token, logprob)
+    }
+    assert.deepStrictEqual([...seen.keys()].sort(), [0, 1])
+    assert.approximately(seen.get(0)!, Math.log(5 / 8), 1e-6)
+    assert.approximately(seen.get(1)!, Math.log(3 / 8), 1e-6)
+  })
+  it("top-k 1 is greedy with log-prob 0; raw mode reports log softmax(z)", () => {
+    const prng = Prng.make(2)
+    assert.deepStrictEqual(Sampling.pick(z, { temperature: 1, topK: 1, topP: 1 }, prng), { token: 0, logprob: 0 })
+    const raw = Sampling.pick(z, { temperature: 2, topK: 1, topP: 1 }, prng, "raw")
+    assert.approximately(raw.logprob, Math.log(0.5), 1e-6)
+  })
+})
