@@ -69,8 +69,10 @@ export const estimate = (
   logProbs: Matrix.Rows,
   refLogProbs: Matrix.Rows,
   mask?: Matrix.Rows
-): Array<Array<number>> =>
-  tf.tidy(() =>
+): Array<Array<number>> => {
+  Matrix.assertSameShape(refLogProbs, logProbs, "refLogProbs", "logProbs")
+  if (mask !== undefined) Matrix.assertSameShape(mask, logProbs, "mask", "logProbs")
+  return tf.tidy(() =>
     approx(
       Matrix.toTensor(logProbs, "logProbs"),
       Matrix.toTensor(refLogProbs, "refLogProbs"),
@@ -78,6 +80,7 @@ export const estimate = (
       mask === undefined ? undefined : Matrix.toTensor(mask, "mask")
     ).arraySync()
   )
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // KL coefficient controllers (SkyRL's FixedKLController / AdaptiveKLController), as immutable values.
@@ -135,6 +138,13 @@ export const applyKlPenalty = (
   readonly avgKl: number
   readonly avgKlMax: number
 } => {
+  for (const [rows, name] of [
+    [input.logProbs, "logProbs"],
+    [input.refLogProbs, "refLogProbs"],
+    [input.lossMask, "lossMask"]
+  ] as const) {
+    Matrix.assertSameShape(rows, input.tokenLevelRewards, name, "tokenLevelRewards")
+  }
   const klCoef = options.controller.value
   const { rewards, avgKl, avgKlMax } = tf.tidy(() => {
     const mask = Matrix.toTensor(input.lossMask, "lossMask") // [B, T]

@@ -318,8 +318,14 @@ export type Values = { readonly loss: number; readonly clipRatio: number; readon
 >
 
 /** Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back. */
-export const compute = (name: Name, inputs: ArrayInputs, config: Partial<Config> = {}): Values =>
-  tf.tidy(() => {
+export const compute = (name: Name, inputs: ArrayInputs, config: Partial<Config> = {}): Values => {
+  Matrix.assertSameShape(inputs.oldLogProbs, inputs.logProbs, "oldLogProbs", "logProbs")
+  Matrix.assertSameShape(inputs.advantages, inputs.logProbs, "advantages", "logProbs")
+  Matrix.assertSameShape(inputs.lossMask, inputs.logProbs, "lossMask", "logProbs")
+  if (inputs.rolloutLogProbs !== undefined) {
+    Matrix.assertSameShape(inputs.rolloutLogProbs, inputs.logProbs, "rolloutLogProbs", "logProbs")
+  }
+  return tf.tidy(() => {
     const out = loss(
       name,
       {
@@ -336,6 +342,7 @@ export const compute = (name: Name, inputs: ArrayInputs, config: Partial<Config>
     for (const [key, metric] of Object.entries(out.metrics)) values[key] = metric.arraySync()
     return values as Values
   })
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 
