@@ -1,0 +1,122 @@
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Fiber } from "effect"
+import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
+import { InferenceEngine, type SamplingParams } from "../../src/inference/InferenceEngine.ts"
+import * as LocalEngine from "../../src/inference/LocalEngine.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Sampling from "../../src/model/Sampling.ts"
+import * as Snapshot from "../../src/model/Snapshot.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
+
+const config = ModelConfig.fromInit({
+  architecture: "qwen3",
+  vocab_size: 40,
+  hidden_size: 32,
+  intermediate_size: 48,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  rope_theta: 10000,
+  rms_norm_eps: 1e-6,
+  max_position_embeddings: 128,
+  tie_word_embeddings: true
+})
+const greedy = (maxNewTokens: number): SamplingParams => ({ ...Sampling.defaultParams, temperature: 0, maxNewTokens })
+
+/** A fresh engine over a fresh model, the model disposed with the scope. */
+const withEngine = <A, E>(body: (model: Transformer.Transformer) => Effect.Effect<A, E, InferenceEngine>) =>
+  Effect.gen(function* () {
+    yield* TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })
+    const model = yield* Effect.acquireRelease(
+      Effect.sync(() => Transformer.init(config, 11, 0.3)),
+      (m) => Effect.sync(() => Transformer.dispose(m))
+    )
+    return yield* body(model).pipe(Effect.provide(LocalEngine.layer({ model, maxBatch: 2 })))
+  })
+
+/** Let other fibers and the engine's decode steps run (the engine yields to the event loop between steps). */
+const turns = (n: number) =>
+  Effect.promise(async () => {
+    for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve))
+  })
+
+describe("LocalEngine", () => {
+  it.live("generates per request, in order, over several batches, like the sampler", () =>
+    withEngine((model) =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const requests = [[1, 2, 3], [4], [5, 6, 7, 8, 9]].map((promptIds, i) => ({
+          promptIds,
+          sampling: greedy(4 + i)
+        }))
+        const results = yield* engine.generate(requests)
+        const expected = yield* Effect.promise(() => Sampling.generate(model, requests))
+        assert.deepStrictEqual(
+          results.map((r) => r.tokens),
+          expected.map((c) => c.tokens)
+        )
+        assert.deepStrictEqual(
+          results.map((r) => [r.finishReason, r.policyVersionFirst, r.policyVersionLast]),
+          [
+            ["length", 0, 0],
+            ["length", 0, 0],
+            ["length", 0, 0]
+          ]
+        )
+      })
+    )
+  )
+
+  it.live("applies a weight update between decode steps of a request in flight and reports both versions", () =>
+    withEngine((model) =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const other = Transformer.init(config, 12, 0.3)
+        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(1))
+        Transformer.dispose(other)
+        const fiber = yield* Effect.forkChild(engine.generate([{ promptIds: [1, 2, 3], sampling: greedy(40) }]))
+        yield* turns(5)
+        yield* engine.updateWeights(snapshot)
+        assert.strictEqual(yield* engine.version, 1)
+        const [result] = yield* Fiber.join(fiber)
+        assert.strictEqual(result!.policyVersionFirst, 0)
+        assert.strictEqual(result!.policyVersionLast, 1)
+        assert.strictEqual(result!.tokens.length, 40)
+        // the engine's model now holds the new weights
+        assert.deepStrictEqual(Transformer.toHfArrays(model)[0]!.data, snapshot.data[0])
+      })
+    )
+  )
+
+  it.live("pause holds decode steps; updates still apply; resume continues on the new version", () =>
+    withEngine(() =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        yield* engine.pause
+        const fiber = yield* Effect.forkChild(engine.generate([{ promptIds: [7, 8], sampling: greedy(5) }]))
+        yield* turns(5)
+        assert.isUndefined(fiber.pollUnsafe())
+        yield* engine.updateWeights({ version: PolicyVersion.make(2), names: [], shapes: [], data: [] })
+        yield* engine.resume
+        const [result] = yield* Fiber.join(fiber)
+        assert.deepStrictEqual([result!.policyVersionFirst, result!.policyVersionLast], [2, 2])
+      })
+    )
+  )
+
+  it.live("rejects an empty prompt with InferenceError; a version going backwards is a defect", () =>
+    withEngine(() =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const error = yield* Effect.flip(engine.generate([{ promptIds: [], sampling: greedy(3) }]))
+        assert.strictEqual(error._tag, "InferenceError")
+        yield* engine.updateWeights({ version: PolicyVersion.make(3), names: [], shapes: [], data: [] })
+        const exit = yield* Effect.exit(
+          engine.updateWeights({ version: PolicyVersion.make(2), names: [], shapes: [], data: [] })
+        )
+        assert.isTrue(exit._tag === "Failure")
+      })
+    )
+  )
+})
