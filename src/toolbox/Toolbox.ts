@@ -164,8 +164,11 @@ export const make = (options: ToolboxOptions = {}): McpServer => {
     { value: num, from: z.string(), to: z.string() },
     ({ value, from, to }) => convertUnits(value, from, to)
   )
-  tool("date_add", "date (YYYY-MM-DD) plus days", { date: z.string(), days: z.number().int() }, ({ date, days }) =>
-    dateAdd(date, days)
+  tool(
+    "date_add",
+    "date (YYYY-MM-DD) plus days",
+    { date: z.string(), days: z.number().describe("whole days") },
+    ({ date, days }) => dateAdd(date, days)
   )
   tool("date_diff", "days from start to end (YYYY-MM-DD)", { start: z.string(), end: z.string() }, ({ start, end }) =>
     dateDiff(start, end)
