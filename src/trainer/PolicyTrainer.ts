@@ -1,0 +1,333 @@
+/**
+ * GRPO / PPO-family policy trainer (SkyRL's policy worker, without its god-object):
+ *
+ *   batch        = TrainingBatch.build(groups)                    filters, layout, advantages Â (float64)
+ *   log π_old    = forward pass before any update (no gradient)   the PPO anchor
+ *   log π_ref    = frozen / EMA reference (when a KL term is on)
+ *   for each PPO epoch, for each mini-batch (policy_mini_batch_size prompts):
+ *       Σ over micro-batches of ∇ [ L_policy(π_θ, π_old, Â, π_rollout) + β_KL·L_KL − β_H·H ]   (accumulated)
+ *       AdamW step with global-norm clipping and the scheduled learning rate → policyVersion + 1
+ *
+ * Departures, on purpose:
+ * 1. Micro-batch losses are scaled by their share of the mini-batch (tokens for token_mean, sequences otherwise),
+ *    so gradient accumulation gives the loss of the whole mini-batch, whatever micro_train_batch_size is.
+ * 2. Log-probs use logits / τ with τ = the sampling temperature, as the sampler did, so ρ = 1 on-policy.
+ * 3. No critic yet: `advantage_estimator: gae` is rejected when the trainer is built.
+ */
+import * as tf from "@tensorflow/tfjs"
+import { Clock, Effect, Layer, Ref } from "effect"
+import * as Diagnostics from "../algo/Diagnostics.ts"
+import * as Kl from "../algo/Kl.ts"
+import type * as OffPolicyCorrection from "../algo/OffPolicyCorrection.ts"
+import * as PolicyLoss from "../algo/PolicyLoss.ts"
+import * as Reduction from "../algo/Reduction.ts"
+import type { TrainerConfig } from "../config/TrainerConfig.ts"
+import { ConfigError } from "../domain/Errors.ts"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as LogProbs from "../model/LogProbs.ts"
+import * as Snapshot from "../model/Snapshot.ts"
+import * as Transformer from "../model/Transformer.ts"
+import * as Optimizer from "./Optimizer.ts"
+import { PolicyModel } from "./PolicyModel.ts"
+import { type StepResult, Trainer, type TrainerState } from "./Trainer.ts"
+import * as TrainingBatch from "./TrainingBatch.ts"
+
+export interface Options {
+  readonly trainer: TrainerConfig
+  readonly samplesPerPrompt: number
+  readonly temperature: number // the sampling temperature (log-probs use logits / τ)
+  readonly totalSteps: number // for the cosine schedule and the adaptive KL controller
+  readonly zeroRewardOnNonStop: boolean
+  readonly overlongFiltering: boolean
+  readonly zeroVarianceFilter: boolean
+}
+
+const offPolicyConfig = (t: TrainerConfig): OffPolicyCorrection.Config =>
+  t.algorithm.off_policy_correction === "none"
+    ? {}
+    : t.algorithm.off_policy_correction === "token"
+      ? { tisRatioType: "token", tokenTisRatioClipHigh: t.algorithm.tis_imp_ratio_cap }
+      : { tisRatioType: "sequence", sequenceTisRatioClipHigh: t.algorithm.tis_imp_ratio_cap }
+
+const lossConfig = (t: TrainerConfig): Partial<PolicyLoss.Config> => ({
+  epsClipLow: t.algorithm.eps_clip_low,
+  epsClipHigh: t.algorithm.eps_clip_high,
+  clipRatioC: t.algorithm.clip_ratio_c,
+  lossReduction: t.algorithm.loss_reduction,
+  maxSeqLen: t.algorithm.max_seq_len,
+  cispoEpsClipLow: t.algorithm.cispo_eps_clip_low,
+  cispoEpsClipHigh: t.algorithm.cispo_eps_clip_high,
+  offPolicyCorrection: offPolicyConfig(t)
+})
+
+/** Token log-probs of a micro-batch under `model`, no gradient, as plain arrays. */
+const logProbsOf = (
+  model: Transformer.Transformer,
+  batch: TrainingBatch.Batch,
+  temperature: number
+): Array<Array<number>> =>
+  tf.tidy(() => {
+    const { logprobs } = LogProbs.ofSequences(
+      model,
+      { ids: batch.ids, attentionMask: batch.attentionMask },
+      { temperature }
+    )
+    return logprobs.arraySync()
+  })
+
+const chunks = (n: number, size: number): Array<[number, number]> =>
+  Array.from({ length: Math.ceil(n / size) }, (_, i) => [i * size, Math.min(n, (i + 1) * size)])
+
+/** θ_ref ← d·θ_ref + (1 − d)·θ, parameter by parameter (adapters are not part of the reference). */
+const emaInto = (reference: Transformer.Transformer, model: Transformer.Transformer, decay: number): void => {
+  for (const [name, r] of reference.params) {
+    const p = model.params.get(name)!
+    tf.tidy(() => r.assign(tf.add(tf.mul(r, decay), tf.mul(p, 1 - decay))))
+  }
+}
+
+const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
+
+export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options) {
+  const { model } = yield* PolicyModel
+  const t = options.trainer
+  const algo = t.algorithm
+  if (algo.advantage_estimator === "gae") {
+    return yield* new ConfigError({
+      path: "trainer.algorithm.advantage_estimator",
+      message: "gae needs a critic, which effect-rl does not have yet: use grpo, rloo or reinforce++"
+    })
+  }
+  const needsRef = algo.use_kl_loss || algo.use_kl_in_reward
+  if (needsRef && t.ref === "none") {
+    return yield* new ConfigError({
+      path: "trainer.ref",
+      message: "use_kl_loss / use_kl_in_reward need a reference policy: set trainer.ref to frozen or ema"
+    })
+  }
+  const variables = Transformer.trainableVariables(model)
+  const optimizer = yield* Effect.acquireRelease(
+    Effect.sync(() => Optimizer.make(variables, t.optimizer)),
+    (o) => Effect.sync(() => o.dispose())
+  )
+  const reference = needsRef
+    ? yield* Effect.acquireRelease(
+        Effect.sync(() => {
+          const ref = Transformer.init(model.config, 0)
+          Snapshot.load(ref, Snapshot.fromModel(model, PolicyVersion.initial))
+          return ref
+        }),
+        (ref) => Effect.sync(() => Transformer.dispose(ref))
+      )
+    : undefined
+  const stepRef = yield* Ref.make(0)
+  const versionRef = yield* Ref.make(PolicyVersion.initial)
+  let klController: Kl.Controller =
+    algo.kl_ctrl === "fixed"
+      ? Kl.fixed(algo.kl_coef)
+      : Kl.adaptive({ initKlCoef: algo.kl_coef, target: algo.kl_target, horizon: algo.kl_horizon })
+  const batchOptions: TrainingBatch.Options = {
+    estimator: algo.advantage_estimator,
+    normByStd: algo.grpo_norm_by_std,
+    gamma: algo.gamma,
+    lambd: algo.lambd,
+    advantageBatchNormalize: algo.advantage_batch_normalize,
+    zeroRewardOnNonStop: options.zeroRewardOnNonStop,
+    overlongFiltering: options.overlongFiltering,
+    zeroVarianceFilter: options.zeroVarianceFilter
+  }
+  const config = lossConfig(t)
+
+  /** One optimizer step over rows [from, to) of `batch`; returns the step's diagnostics. */
+  const miniBatchUpdate = (
+    batch: TrainingBatch.Batch,
+    old: Array<Array<number>>,
+    ref: Array<Array<number>> | undefined,
+    from: number,
+    to: number,
+    step: number
+  ): Record<string, number> => {
+    const miniTokens = Math.max(1, TrainingBatch.tokenCount(TrainingBatch.slice(batch, from, to)))
+    const miniRows = to - from
+    let accumulated: tf.NamedTensorMap | undefined
+    const collected: Array<Record<string, number>> = []
+    for (const [a, b] of chunks(miniRows, t.micro_train_batch_size).map(([x, y]) => [from + x, from + y] as const)) {
+      const micro = TrainingBatch.slice(batch, a, b)
+      const L = micro.length
+      const share =
+        algo.loss_reduction === "token_mean" ? TrainingBatch.tokenCount(micro) / miniTokens : (b - a) / miniRows
+      if (share === 0) continue
+      const rows = (x: Array<Array<number>>) => x.slice(a, b).map((r) => r.slice(0, L))
+      const result = Diagnostics.variableGrads(
+        () =>
+          tf.tidy(() => {
+            const lossMask = tf.tensor2d(micro.lossMask) // [b, L]
+            const { logprobs, entropy } = LogProbs.ofSequences(
+              model,
+              { ids: micro.ids, attentionMask: micro.attentionMask, training: true },
+              { temperature: options.temperature, entropy: true }
+            ) // [b, L]
+            const out = PolicyLoss.loss(
+              algo.policy_loss_type,
+              {
+                logProbs: logprobs,
+                oldLogProbs: tf.tensor2d(rows(old)),
+                advantages: tf.tensor2d(micro.advantages),
+                lossMask,
+                rolloutLogProbs: tf.tensor2d(micro.rolloutLogProbs)
+              },
+              config
+            )
+            const entropyMean = Reduction.maskedMean(entropy!, lossMask)
+            let total: tf.Scalar = tf.mul(out.loss, share)
+            const metrics: Record<string, tf.Scalar> = {
+              policyLoss: out.loss,
+              clipRatio: out.metrics.clipRatio,
+              approxKl: out.metrics.approxKl,
+              entropy: entropyMean
+            }
+            if (ref !== undefined && algo.use_kl_loss) {
+              const klLoss = Kl.loss(logprobs, tf.tensor2d(rows(ref)), lossMask, algo.kl_estimator_type)
+              total = tf.add(total, tf.mul(klLoss, algo.kl_loss_coef * ((b - a) / miniRows)))
+              metrics["klLoss"] = klLoss
+            }
+            if (algo.use_entropy_loss) total = tf.sub(total, tf.mul(entropyMean, algo.entropy_loss_coef * share))
+            return { loss: total, metrics }
+          }),
+        variables
+      )
+      const values = Diagnostics.read(result.metrics)
+      const lossValue = result.value.dataSync()[0]!
+      result.value.dispose()
+      if (!Number.isFinite(lossValue)) {
+        tf.dispose(result.grads)
+        if (accumulated !== undefined) tf.dispose(accumulated)
+        throw new Error(`non-finite loss (${lossValue}) at step ${step}, rows ${a}..${b}: ${JSON.stringify(values)}`)
+      }
+      collected.push(values)
+      if (accumulated === undefined) accumulated = result.grads
+      else {
+        const next: tf.NamedTensorMap = {}
+        for (const [name, g] of Object.entries(result.grads)) {
+          next[name] = tf.add(accumulated[name]!, g)
+          accumulated[name]!.dispose()
+          g.dispose()
+        }
+        accumulated = next
+      }
+    }
+    if (accumulated === undefined) return {}
+    const lr = Optimizer.learningRate(t.optimizer, optimizer.step(), options.totalSteps * updatesPerStep())
+    const gradNorm = optimizer.apply(accumulated, lr)
+    tf.dispose(accumulated)
+    return {
+      "loss/policy": mean(collected.map((m) => m["policyLoss"]!)),
+      "policy/clip_frac": mean(collected.map((m) => m["clipRatio"]!)),
+      "policy/approx_kl": mean(collected.map((m) => m["approxKl"]!)),
+      policy_entropy: mean(collected.map((m) => m["entropy"]!)),
+      ...(collected[0]?.["klLoss"] === undefined ? {} : { "loss/kl": mean(collected.map((m) => m["klLoss"]!)) }),
+      "policy/grad_norm": gradNorm,
+      "policy/lr": lr
+    }
+  }
+
+  const updatesPerStep = () =>
+    t.update_epochs_per_batch * Math.max(1, Math.ceil(t.train_batch_size / t.policy_mini_batch_size))
+
+  const step = Effect.fn("PolicyTrainer.step")(function* (groups: ReadonlyArray<TrajectoryGroup>) {
+    const started = yield* Clock.currentTimeMillis
+    const stepIndex = (yield* Ref.get(stepRef)) + 1
+    const trajectories = groups.flatMap((g) => g.trajectories)
+    let batch = TrainingBatch.build(groups, batchOptions)
+    const rows = batch.ids.length
+    const micro = (x: TrainingBatch.Batch, f: (m: TrainingBatch.Batch) => Array<Array<number>>) =>
+      chunks(x.ids.length, t.micro_train_batch_size).flatMap(([a, b]) =>
+        f(TrainingBatch.slice(x, a, b)).map((r) => [...r, ...new Array<number>(x.length - r.length).fill(0)])
+      )
+    const metrics: Record<string, number> = {}
+    const updates: Array<Record<string, number>> = []
+    if (rows > 0 && TrainingBatch.tokenCount(batch) > 0) {
+      const refLogProbs =
+        reference === undefined ? undefined : micro(batch, (m) => logProbsOf(reference, m, options.temperature))
+      if (refLogProbs !== undefined && algo.use_kl_in_reward) {
+        const old0 = micro(batch, (m) => logProbsOf(model, m, options.temperature))
+        const kl = Kl.estimate(algo.kl_estimator_type, old0, refLogProbs)
+        batch = TrainingBatch.build(groups, { ...batchOptions, klPenalty: { kl, coef: klController.value } })
+        const observed = mean(
+          kl.map((r, i) => {
+            const m = batch.lossMask[i]!
+            const n = m.reduce((x, y) => x + y, 0)
+            return r.reduce((sum, v, j) => sum + v * m[j]!, 0) / Math.max(1, n)
+          })
+        )
+        klController = Kl.update(klController, observed, rows)
+        metrics["reward/kl_coef"] = klController.value
+        metrics["reward/kl"] = observed
+      }
+      const old = micro(batch, (m) => logProbsOf(model, m, options.temperature))
+      const miniRows = t.policy_mini_batch_size * options.samplesPerPrompt
+      for (let epoch = 0; epoch < t.update_epochs_per_batch; epoch++) {
+        for (const [a, b] of chunks(rows, miniRows)) {
+          const values = yield* Effect.try({
+            try: () => miniBatchUpdate(batch, old, refLogProbs, a, b, stepIndex),
+            catch: (cause) => cause
+          }).pipe(Effect.orDie)
+          if (Object.keys(values).length > 0) {
+            updates.push(values)
+            yield* Ref.update(versionRef, PolicyVersion.next)
+          }
+        }
+      }
+      if (reference !== undefined && t.ref === "ema" && stepIndex % t.ref_update_interval === 0) {
+        emaInto(reference, model, t.ref_ema_decay)
+      }
+    }
+    for (const key of new Set(updates.flatMap((u) => Object.keys(u))))
+      metrics[key] = mean(updates.map((u) => u[key] ?? 0))
+    const rewards = trajectories.map((x) => x.reward)
+    const passed = groups.filter((g) => g.trajectories.some((x) => x.reward > 0)).length
+    const responseLengths = trajectories.map((x) => x.responseIds.length)
+    Object.assign(metrics, {
+      "reward/avg_raw_reward": mean(rewards),
+      "reward/avg_pass_at_n": groups.length === 0 ? 0 : passed / groups.length,
+      "generate/avg_num_tokens": mean(responseLengths),
+      "generate/max_num_tokens": Math.max(0, ...responseLengths),
+      "generate/avg_num_turns": mean(trajectories.map((x) => x.turns.length)),
+      "generate/overlong_rate": mean(trajectories.map((x) => (x.stopReason === "overlong" ? 1 : 0))),
+      "generate/error_rate": mean(trajectories.map((x) => (x.stopReason === "error" ? 1 : 0))),
+      "trainer/rows": rows,
+      "trainer/loss_tokens": TrainingBatch.tokenCount(batch),
+      "trainer/dropped_groups": batch.droppedGroups,
+      "trainer/optimizer_updates": updates.length,
+      "timing/train_step": ((yield* Clock.currentTimeMillis) - started) / 1000
+    })
+    yield* Ref.set(stepRef, stepIndex)
+    const result: StepResult = { step: stepIndex, version: yield* Ref.get(versionRef), metrics }
+    return result
+  })
+
+  return Trainer.of({
+    step,
+    version: Ref.get(versionRef),
+    snapshot: Effect.flatMap(Ref.get(versionRef), (v) => Effect.sync(() => Snapshot.fromModel(model, v))),
+    state: Effect.gen(function* () {
+      const state: TrainerState = {
+        step: yield* Ref.get(stepRef),
+        version: yield* Ref.get(versionRef),
+        optimizer: optimizer.state(),
+        klCoef: klController.value
+      }
+      return state
+    }),
+    restore: (state) =>
+      Effect.gen(function* () {
+        optimizer.restore(state.optimizer)
+        yield* Ref.set(stepRef, state.step)
+        yield* Ref.set(versionRef, PolicyVersion.make(state.version))
+      })
+  })
+})
+
+export const layer = (options: Options): Layer.Layer<Trainer, ConfigError, PolicyModel> =>
+  Layer.effect(Trainer, make(options))

@@ -1,0 +1,146 @@
+/**
+ * From trajectory groups to the arrays a policy update reads (SkyRL's `convert_to_training_input` plus the
+ * generator-side filters). Plain arrays; the trainer turns them into tensors per micro-batch.
+ *
+ * Layout: one row per trajectory, `ids = promptIds ++ responseIds`, right-padded to the batch's longest row.
+ * Every per-token array is aligned with `ids` (index t is token t): `lossMask` is 0 on the prompt, on template and
+ * tool-output tokens and on padding; `advantages` and `rolloutLogProbs` are 0 wherever the mask is 0.
+ *
+ * Filters, in order:
+ * 1. `zero_reward_on_non_stop`: a trajectory that did not end `stop` gets reward 0 (its turns' rewards zeroed).
+ * 2. `apply_overlong_filtering`: `overlong` and `length` trajectories keep their reward but get an all-zero loss
+ *    mask (DAPO's overlong filtering: truncation is not evidence about the policy).
+ * 3. `zero_variance_filter`: groups whose rewards are all equal are dropped (they carry no GRPO signal).
+ * Trajectories that ended `error` always get a zero loss mask: they are kept in the log, never trained on.
+ */
+import * as Advantages from "../algo/Advantages.ts"
+import type { Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as Traj from "../domain/Trajectory.ts"
+
+export interface Options {
+  readonly estimator: Advantages.Estimator
+  readonly normByStd: boolean
+  readonly gamma: number
+  readonly lambd: number
+  readonly advantageBatchNormalize: boolean
+  readonly zeroRewardOnNonStop: boolean
+  readonly overlongFiltering: boolean
+  readonly zeroVarianceFilter: boolean
+  /** KL in the reward: r_t ← r_t − coef · kl_t on loss tokens; `kl` is aligned with the rows' ids (from a first build) */
+  readonly klPenalty?: { readonly kl: ReadonlyArray<ReadonlyArray<number>>; readonly coef: number }
+}
+
+export interface Batch {
+  readonly ids: Array<Array<number>> // [B, L], padded with 0
+  readonly attentionMask: Array<Array<number>> // [B, L], 1 = real token
+  readonly lossMask: Array<Array<number>> // [B, L]
+  readonly advantages: Array<Array<number>> // [B, L]
+  readonly rolloutLogProbs: Array<Array<number>> // [B, L]
+  readonly rewards: Array<number> // [B], after the reward filters
+  readonly promptUids: Array<string> // [B], the GRPO group of each row
+  readonly length: number // L
+  readonly droppedGroups: number // by the zero-variance filter
+}
+
+const rewardOf = (t: Trajectory, o: Options): number =>
+  o.zeroRewardOnNonStop && t.stopReason !== "stop" ? 0 : t.reward
+
+const trainable = (t: Trajectory, o: Options): boolean =>
+  t.stopReason !== "error" && !(o.overlongFiltering && (t.stopReason === "overlong" || t.stopReason === "length"))
+
+export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch => {
+  const kept = groups.filter((g) => {
+    if (!o.zeroVarianceFilter) return true
+    const rewards = g.trajectories.map((t) => rewardOf(t, o))
+    return rewards.some((r) => r !== rewards[0])
+  })
+  const rows = kept.flatMap((g) => g.trajectories.map((t) => ({ t, uid: g.promptUid })))
+  const maxResponse = Math.max(1, ...rows.map(({ t }) => t.responseIds.length))
+  // Advantages on the response region only (SkyRL's layout), then placed after each prompt.
+  const responseMask = rows.map(({ t }) => {
+    const m = new Array<number>(maxResponse).fill(0)
+    if (trainable(t, o)) t.lossMask.forEach((v, i) => void (m[i] = v))
+    return m
+  })
+  const tokenLevelRewards = rows.map(({ t }, b) => {
+    const r = new Array<number>(maxResponse).fill(0)
+    const reward = rewardOf(t, o)
+    const perToken = Traj.tokenRewards(t)
+    if (reward === t.reward) perToken.forEach((v, i) => void (r[i] = v))
+    if (o.klPenalty !== undefined) {
+      const P = t.promptIds.length
+      for (let i = 0; i < t.responseIds.length; i++) {
+        if (responseMask[b]![i] === 1) r[i]! -= o.klPenalty.coef * (o.klPenalty.kl[b]?.[P + i] ?? 0)
+      }
+    }
+    return r
+  })
+  let { advantages } = Advantages.compute(o.estimator, {
+    tokenLevelRewards,
+    responseMask,
+    index: rows.map(({ uid }) => uid),
+    gamma: o.gamma,
+    lambd: o.lambd,
+    normByStd: o.normByStd
+  })
+  if (o.advantageBatchNormalize && rows.length > 0)
+    advantages = Advantages.advantageBatchNormalize(advantages, responseMask)
+  const length = Math.max(1, ...rows.map(({ t }) => t.promptIds.length + t.responseIds.length))
+  const pad = () => new Array<number>(length).fill(0)
+  const batch: Batch = {
+    ids: [],
+    attentionMask: [],
+    lossMask: [],
+    advantages: [],
+    rolloutLogProbs: [],
+    rewards: rows.map(({ t }) => rewardOf(t, o)),
+    promptUids: rows.map(({ uid }) => uid),
+    length,
+    droppedGroups: groups.length - kept.length
+  }
+  rows.forEach(({ t }, b) => {
+    const P = t.promptIds.length
+    const ids = pad()
+    const attention = pad()
+    const mask = pad()
+    const adv = pad()
+    const logp = pad()
+    t.promptIds.forEach((id, i) => {
+      ids[i] = id
+      attention[i] = 1
+    })
+    t.responseIds.forEach((id, i) => {
+      ids[P + i] = id
+      attention[P + i] = 1
+      mask[P + i] = responseMask[b]![i]!
+      adv[P + i] = mask[P + i]! === 0 ? 0 : advantages[b]![i]!
+      logp[P + i] = mask[P + i]! === 0 ? 0 : t.rolloutLogprobs[i]!
+    })
+    batch.ids.push(ids)
+    batch.attentionMask.push(attention)
+    batch.lossMask.push(mask)
+    batch.advantages.push(adv)
+    batch.rolloutLogProbs.push(logp)
+  })
+  return batch
+}
+
+/** Rows [from, to) of a batch, trimmed to their own longest row (micro-batches need not pay for the longest one). */
+export const slice = (batch: Batch, from: number, to: number): Batch => {
+  const rows = batch.attentionMask.slice(from, to)
+  const length = Math.max(1, ...rows.map((m) => m.lastIndexOf(1) + 1))
+  const cut = (x: Array<Array<number>>) => x.slice(from, to).map((r) => r.slice(0, length))
+  return {
+    ids: cut(batch.ids),
+    attentionMask: cut(batch.attentionMask),
+    lossMask: cut(batch.lossMask),
+    advantages: cut(batch.advantages),
+    rolloutLogProbs: cut(batch.rolloutLogProbs),
+    rewards: batch.rewards.slice(from, to),
+    promptUids: batch.promptUids.slice(from, to),
+    length,
+    droppedGroups: 0
+  }
+}
+
+export const tokenCount = (batch: Batch): number => batch.lossMask.reduce((n, r) => n + r.reduce((a, b) => a + b, 0), 0)

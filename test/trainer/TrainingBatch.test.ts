@@ -1,0 +1,106 @@
+import { assert, describe, it } from "@effect/vitest"
+import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
+import type { StopReason, Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
+import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
+
+const turn = (start: number, end: number, reward: number) => ({
+  start,
+  end,
+  reward,
+  finishReason: "stop" as const,
+  policyVersionFirst: PolicyVersion.initial,
+  policyVersionLast: PolicyVersion.initial,
+  toolCalls: [],
+  observationTokens: 0,
+  llmMs: 0,
+  envMs: 0
+})
+
+// prompt [1, 2]; response: 2 sampled, 1 tool-output, 1 sampled → mask [1, 1, 0, 1]
+const trajectory = (uid: string, sample: number, reward: number, stopReason: StopReason = "stop"): Trajectory => ({
+  id: `${uid}/${sample}`,
+  promptUid: uid,
+  sample,
+  promptIds: [1, 2],
+  responseIds: [3, 4, 5, 6],
+  lossMask: [1, 1, 0, 1],
+  rolloutLogprobs: [-0.5, -0.25, 0, -0.125],
+  turns: [turn(0, 2, 0), turn(3, 4, reward)],
+  reward,
+  stopReason,
+  envMetrics: {}
+})
+
+const group = (uid: string, trajectories: Array<Trajectory>): TrajectoryGroup => ({
+  promptUid: uid,
+  cursor: 0,
+  dataSource: "t",
+  envClass: "t",
+  trajectories
+})
+
+const options: TrainingBatch.Options = {
+  estimator: "grpo",
+  normByStd: true,
+  gamma: 1,
+  lambd: 1,
+  advantageBatchNormalize: false,
+  zeroRewardOnNonStop: false,
+  overlongFiltering: true,
+  zeroVarianceFilter: false
+}
+
+describe("TrainingBatch.build", () => {
+  it("lays rows out as prompt ++ response with the loss mask, advantages and log-probs on response tokens only", () => {
+    // group rewards [1, 0] → mean 0.5, SkyRL's unbiased std 1/√2 → Â = ±0.7071 (up to ε)
+    const batch = TrainingBatch.build([group("a", [trajectory("a", 0, 1), trajectory("a", 1, 0)])], options)
+    assert.deepStrictEqual(batch.ids[0], [1, 2, 3, 4, 5, 6])
+    assert.deepStrictEqual(batch.lossMask[0], [0, 0, 1, 1, 0, 1])
+    assert.deepStrictEqual(batch.rolloutLogProbs[0], [0, 0, -0.5, -0.25, 0, -0.125])
+    const adv = batch.advantages.map((r) => r.map((x) => Math.round(x * 1e4) / 1e4))
+    assert.deepStrictEqual(adv, [
+      [0, 0, 0.7071, 0.7071, 0, 0.7071],
+      [0, 0, -0.7071, -0.7071, 0, -0.7071]
+    ])
+  })
+
+  it("zeroes the loss mask of overlong, length and error trajectories but keeps their reward in the group", () => {
+    const batch = TrainingBatch.build(
+      [group("a", [trajectory("a", 0, 1), trajectory("a", 1, 1, "overlong"), trajectory("a", 2, 0, "error")])],
+      options
+    )
+    assert.deepStrictEqual(batch.lossMask[1], [0, 0, 0, 0, 0, 0])
+    assert.deepStrictEqual(batch.lossMask[2], [0, 0, 0, 0, 0, 0])
+    assert.deepStrictEqual(batch.rewards, [1, 1, 0])
+    assert.isAbove(batch.advantages[0]![2]!, 0)
+  })
+
+  it("zero_reward_on_non_stop zeroes the reward of trajectories that did not end `stop`", () => {
+    const batch = TrainingBatch.build([group("a", [trajectory("a", 0, 1), trajectory("a", 1, 1, "max_turns")])], {
+      ...options,
+      zeroRewardOnNonStop: true
+    })
+    assert.deepStrictEqual(batch.rewards, [1, 0])
+  })
+
+  it("the zero-variance filter drops groups whose rewards are all equal", () => {
+    const flat = group("flat", [trajectory("flat", 0, 1), trajectory("flat", 1, 1)])
+    const mixed = group("mixed", [trajectory("mixed", 0, 1), trajectory("mixed", 1, 0)])
+    const batch = TrainingBatch.build([flat, mixed], { ...options, zeroVarianceFilter: true })
+    assert.strictEqual(batch.droppedGroups, 1)
+    assert.deepStrictEqual(batch.promptUids, ["mixed", "mixed"])
+  })
+
+  it("KL in the reward subtracts coef · kl on loss tokens before the advantages", () => {
+    // one sample per group with rloo would be 0; use reinforce++-free check: grpo with Dr.GRPO (no std) and 2 samples
+    const g = group("a", [trajectory("a", 0, 1), trajectory("a", 1, 1)])
+    const kl = [
+      [9, 9, 1, 1, 9, 1],
+      [9, 9, 0, 0, 9, 0]
+    ]
+    const batch = TrainingBatch.build([g], { ...options, normByStd: false, klPenalty: { kl, coef: 0.5 } })
+    // scores: s0 = 1 − 0.5·3 = −0.5, s1 = 1 → mean 0.25 → Â = [−0.75, +0.75]
+    assert.closeTo(batch.advantages[0]![2]!, -0.75, 1e-9)
+    assert.closeTo(batch.advantages[1]![2]!, 0.75, 1e-9)
+  })
+})
