@@ -59,14 +59,14 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
   // Advantages on the response region only (SkyRL's layout), then placed after each prompt.
   const responseMask = rows.map(({ t }) => {
     const m = new Array<number>(maxResponse).fill(0)
-    if (trainable(t, o)) t.lossMask.forEach((v, i) => void (m[i] = v))
+    if (trainable(t, o)) for (const [i, v] of t.lossMask.entries()) m[i] = v
     return m
   })
   const tokenLevelRewards = rows.map(({ t }, b) => {
     const r = new Array<number>(maxResponse).fill(0)
     const reward = rewardOf(t, o)
     const perToken = Traj.tokenRewards(t)
-    if (reward === t.reward) perToken.forEach((v, i) => void (r[i] = v))
+    if (reward === t.reward) for (const [i, v] of perToken.entries()) r[i] = v
     if (o.klPenalty !== undefined) {
       const P = t.promptIds.length
       for (let i = 0; i < t.responseIds.length; i++) {
