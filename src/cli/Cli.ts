@@ -5,13 +5,14 @@
 import { Command } from "effect/cli"
 import * as ConfigCommand from "./ConfigCommand.ts"
 import * as DataCommand from "./DataCommand.ts"
+import * as ModelCommand from "./ModelCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
 
 export const root = Command.make("effect-rl").pipe(
   Command.withDescription(
     "Train language-model agents to use tools over many turns with reinforcement learning (Effect 4 + TensorFlow.js)."
   ),
-  Command.withSubcommands([ConfigCommand.command, DataCommand.command, ToolsCommand.command])
+  Command.withSubcommands([ConfigCommand.command, DataCommand.command, ModelCommand.command, ToolsCommand.command])
 )
 
 export const version = "0.1.0"

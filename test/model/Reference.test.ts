@@ -11,6 +11,7 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as ModelCommand from "../../src/cli/ModelCommand.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
@@ -111,6 +112,8 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
       const prng = Prng.make(i)
       const ids = Array.from({ length: 24 }, () => Math.floor(prng.next() * c.init.vocab_size))
       const ours = LogProbs.ofIds(model, ids)
+      // the function behind `model logprobs --model DIR --ids ...` gives the same numbers
+      assert.deepStrictEqual(await Effect.runPromise(ModelCommand.logprobs(dir, ids)), ours)
       const theirs = reference(dir, [ids])[0]!.slice(1)
       assert.strictEqual(ours.length, 23)
       const maxErr = Math.max(...ours.map((v, t) => Math.abs(v - theirs[t]!)))

@@ -1,0 +1,118 @@
+/**
+ * `model info --model DIR`: architecture, parameter count and dtype of a HF checkpoint directory.
+ * `model logprobs --model DIR --ids 1,5,9`: the log-prob of each id after the first given its prefix; the last
+ * stdout line is `{"logprobs":[...]}`.
+ */
+import { Console, Effect } from "effect"
+import { Command, Flag } from "effect/cli"
+import * as TensorBackend from "../backend/TensorBackend.ts"
+import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as Checkpoint from "../model/Checkpoint.ts"
+import * as LogProbs from "../model/LogProbs.ts"
+import * as ModelConfig from "../model/ModelConfig.ts"
+import * as Transformer from "../model/Transformer.ts"
+
+const modelFlag = Flag.String("model").pipe(
+  Flag.withDescription("a HF checkpoint directory (config.json + safetensors)")
+)
+const backendFlag = Flag.Literals("backend", ["auto", "wasm", "cpu", "tensorflow", "tensorflow-gpu"]).pipe(
+  Flag.withDefault("wasm"),
+  Flag.withDescription("tfjs backend")
+)
+
+/** Load a checkpoint as a scoped resource (disposed when the command ends). */
+const loadModel = (dir: string) =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => Checkpoint.load(dir),
+      catch: (cause) =>
+        new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
+    }),
+    (loaded) => Effect.sync(() => Transformer.dispose(loaded.model))
+  )
+
+const parseIds = (text: string): Effect.Effect<Array<number>, ConfigError> => {
+  const ids = text.split(",").map((s) => Number(s.trim()))
+  return ids.length < 2 || ids.some((id) => !Number.isInteger(id) || id < 0)
+    ? Effect.fail(
+        new ConfigError({ path: "--ids", message: `expected at least two comma-separated token ids, got "${text}"` })
+      )
+    : Effect.succeed(ids)
+}
+
+/** What `model info` prints. */
+export const info = (dir: string) =>
+  Effect.gen(function* () {
+    const config = yield* Effect.tryPromise({
+      try: () => Checkpoint.readConfig(dir),
+      catch: (cause) =>
+        new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
+    })
+    const tensors = yield* Effect.tryPromise({
+      try: () => Checkpoint.readTensors(dir),
+      catch: (cause) =>
+        new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
+    })
+    const dtypes = [...new Set([...tensors.values()].map((t) => t.dtype))]
+    return {
+      architecture: config.architecture,
+      parameters: ModelConfig.parameterCount(config),
+      dtype: dtypes.join(","),
+      vocab_size: config.vocabSize,
+      hidden_size: config.hiddenSize,
+      intermediate_size: config.intermediateSize,
+      num_hidden_layers: config.numLayers,
+      num_attention_heads: config.numHeads,
+      num_key_value_heads: config.numKvHeads,
+      head_dim: config.headDim,
+      tie_word_embeddings: config.tieWordEmbeddings,
+      rope_theta: config.ropeTheta
+    }
+  })
+
+/** What `model logprobs` prints: log p(ids[t] | ids[<t]) for t ≥ 1. */
+export const logprobs = (dir: string, ids: ReadonlyArray<number>) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const { model } = yield* loadModel(dir)
+      const bad = ids.find((id) => id >= model.config.vocabSize)
+      if (bad !== undefined) {
+        return yield* new ConfigError({
+          path: "--ids",
+          message: `id ${bad} is outside the vocabulary (${model.config.vocabSize})`
+        })
+      }
+      return LogProbs.ofIds(model, ids)
+    })
+  )
+
+const infoCommand = Command.make("info", { model: modelFlag }, ({ model }) =>
+  Effect.gen(function* () {
+    const result = yield* info(model)
+    yield* Console.log(
+      `${result.architecture}: ${result.parameters.toLocaleString("en-US")} parameters, ${result.dtype}`
+    )
+    yield* Console.log(JSON.stringify(result))
+  })
+).pipe(Command.withDescription("Print a checkpoint's architecture, parameter count and dtype"))
+
+const logprobsCommand = Command.make(
+  "logprobs",
+  {
+    model: modelFlag,
+    ids: Flag.String("ids").pipe(Flag.withDescription("comma-separated token ids, e.g. 1,5,9")),
+    backend: backendFlag
+  },
+  ({ model, ids, backend }) =>
+    Effect.gen(function* () {
+      const parsed = yield* parseIds(ids)
+      yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" })
+      const values = yield* logprobs(model, parsed)
+      yield* Console.log(JSON.stringify({ logprobs: values }))
+    })
+).pipe(Command.withDescription("Print the log-prob of each token id after the first, given its prefix"))
+
+export const command = Command.make("model").pipe(
+  Command.withDescription("Inspect and evaluate HF-layout checkpoints"),
+  Command.withSubcommands([infoCommand, logprobsCommand])
+)

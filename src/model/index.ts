@@ -1,0 +1,11 @@
+/** The pure tfjs model core (no Effect): build, load/save, train-path log-probs, sampling, LoRA, snapshots. */
+export * as Checkpoint from "./Checkpoint.ts"
+export * as KvCache from "./KvCache.ts"
+export * as LogProbs from "./LogProbs.ts"
+export * as Lora from "./Lora.ts"
+export * as ModelConfig from "./ModelConfig.ts"
+export * as Prng from "./Prng.ts"
+export * as Safetensors from "./Safetensors.ts"
+export * as Sampling from "./Sampling.ts"
+export * as Snapshot from "./Snapshot.ts"
+export * as Transformer from "./Transformer.ts"
