@@ -1,4 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
+import * as tf from "@tensorflow/tfjs"
 import * as Kl from "../../src/algo/Kl.ts"
 import { assertClose, assertNoLeak, assertTensorClose, t2 } from "./assertions.ts"
 
@@ -67,7 +68,16 @@ describe("Kl.loss", () => {
     )
   })
 
-  it("is differentiable and leaves no tensors behind", () => {
+  it("is differentiable: for k3, ∂L/∂log π_t = (1 − e^{log π_ref − log π})/n = [0.19673, −0.85914]", () => {
+    const initial = t2([[-1, -2]])
+    const logProbs = tf.variable(initial)
+    const [ref, mask] = [t2([[-1.5, -1]]), t2([[1, 1]])]
+    const { value, grads } = tf.variableGrads(() => Kl.loss(logProbs, ref, mask, "k3"), [logProbs])
+    assertClose(grads[logProbs.name]!.arraySync() as number[][], [[(1 - Math.exp(-0.5)) / 2, (1 - Math.E) / 2]], 1e-6)
+    tf.dispose([value, grads, initial, logProbs, ref, mask])
+  })
+
+  it("leaves no tensors behind", () => {
     const [lp, ref, mask] = [t2([[-1, -2]]), t2([[-1.5, -1]]), t2([[1, 1]])]
     for (const estimator of ["k1", "k2", "k3", "abs"] as const) {
       assertNoLeak(() => Kl.loss(lp, ref, mask, estimator))

@@ -1,9 +1,9 @@
-// Cross-check against SkyRL itself: test/algo/skyrl-golden.json holds outputs of SkyRL's own
-// `ppo_utils.py` / `off_policy_correction_utils.py` (commit a9564572, torch float32) on random inputs:
-// every policy loss × loss reduction × off-policy correction, with the gradient w.r.t. log π_θ from
-// torch autograd, plus the advantage estimators (float64) and the KL estimators.
-// SkyRL's path there is `apply_loss_reduction_to_advantages_minibatch` then the loss's masked sum;
-// ours reduces after the per-token loss, so agreement also checks that the two are the same.
+// Cross-check against SkyRL itself: skyrl-golden.json holds outputs of SkyRL's own `ppo_utils.py` /
+// `off_policy_correction_utils.py` (NovaSky-AI/SkyRL a9564572, torch float32) on seeded random inputs: every
+// policy loss × loss reduction × off-policy correction with the gradient w.r.t. log π_θ from torch autograd,
+// the advantage estimators (float64), the KL estimators and the critic loss. Regenerate with skyrl-golden.py.
+// SkyRL reduces by `apply_loss_reduction_to_advantages_minibatch` and then the loss's masked sum; we reduce
+// after the per-token loss, so agreement also shows the two are the same.
 import { readFileSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
