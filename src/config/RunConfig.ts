@@ -9,6 +9,7 @@ import { withDefault } from "./Field.ts"
 import { GeneratorConfig } from "./GeneratorConfig.ts"
 import { ModelConfig } from "./ModelConfig.ts"
 import { PipelineConfig } from "./PipelineConfig.ts"
+import { SftConfig } from "./SftConfig.ts"
 import { CheckpointConfig, DataConfig, LoggingConfig } from "./StoreConfig.ts"
 import { TokenizerConfig } from "./TokenizerConfig.ts"
 import { TrainerConfig } from "./TrainerConfig.ts"
@@ -23,7 +24,8 @@ export const RunConfig = Schema.Struct({
   pipeline: PipelineConfig.pipe(withDefault({})),
   checkpoint: CheckpointConfig.pipe(withDefault({})),
   logging: LoggingConfig.pipe(withDefault({})),
-  data: DataConfig.pipe(withDefault({}))
+  data: DataConfig.pipe(withDefault({})),
+  sft: SftConfig.pipe(withDefault({}))
 }).check(
   Schema.makeFilter(
     (c) =>
