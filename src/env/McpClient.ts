@@ -28,7 +28,13 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js"
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
 import { ReadBuffer, serializeMessage } from "@modelcontextprotocol/sdk/shared/stdio.js"
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js"
-import { ErrorCode, type JSONRPCMessage, McpError, type Tool } from "@modelcontextprotocol/sdk/types.js"
+import {
+  ElicitRequestSchema,
+  ErrorCode,
+  type JSONRPCMessage,
+  McpError,
+  type Tool
+} from "@modelcontextprotocol/sdk/types.js"
 import { Context, Effect, Layer, Queue, Schedule, Schema, Scope, Semaphore } from "effect"
 import type { EnvironmentConfig, McpServerConfig } from "../config/EnvironmentConfig.ts"
 
@@ -117,6 +123,12 @@ export interface McpClientOptions {
   readonly servers: ReadonlyArray<McpServerConfig>
   readonly maxResultChars?: number // default 4096
   readonly retries?: number // default 2
+  /**
+   * What to answer a server's `elicitation/create` (a question for the user; nobody is there in a rollout).
+   * "accept_defaults": accept with the schema's default values (SEP-1034). Absent: the client declares no
+   * elicitation capability, so servers must not ask.
+   */
+  readonly elicitation?: "accept_defaults"
 }
 
 // ---- result text ------------------------------------------------------------------------------------------------
@@ -363,7 +375,12 @@ const classifyErrorText = (text: string): ToolCallErrorReason => {
 
 const makeConnection = Effect.fnUntraced(function* (
   config: McpServerConfig,
-  options: { readonly maxResultChars: number; readonly retries: number; readonly counters: Counters },
+  options: {
+    readonly maxResultChars: number
+    readonly retries: number
+    readonly counters: Counters
+    readonly elicitation: "accept_defaults" | undefined
+  },
   initialTools?: ReadonlyArray<Tool>
 ) {
   const scope = yield* Scope.Scope
@@ -414,7 +431,15 @@ const makeConnection = Effect.fnUntraced(function* (
         : new StreamableHTTPClientTransport(new URL(config.url ?? ""), {
             requestInit: { headers: { ...config.headers } }
           })
-    const client = new Client(clientInfo, { capabilities: {} })
+    const client = new Client(
+      clientInfo,
+      options.elicitation === "accept_defaults"
+        ? { capabilities: { elicitation: { form: { applyDefaults: true } } } }
+        : { capabilities: {} }
+    )
+    if (options.elicitation === "accept_defaults") {
+      client.setRequestHandler(ElicitRequestSchema, () => ({ action: "accept", content: {} }))
+    }
     const next: Live = { client, transport, closed: false }
     client.onclose = () => {
       next.closed = true
@@ -622,7 +647,12 @@ export const make = Effect.fn("McpClient.make")(function* (options: McpClientOpt
     names.add(s.name)
   }
   const counters: Counters = { calls: 0, errors: 0, retries: 0, restarts: 0, connects: 0 }
-  const connOptions = { maxResultChars: options.maxResultChars ?? 4096, retries: options.retries ?? 2, counters }
+  const connOptions = {
+    maxResultChars: options.maxResultChars ?? 4096,
+    retries: options.retries ?? 2,
+    counters,
+    elicitation: options.elicitation
+  }
   const namespaced = options.servers.length > 1
   const defaults = yield* Effect.forEach(
     options.servers,
