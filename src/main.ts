@@ -1,6 +1,7 @@
 /** Entry point: `node dist/main.js <command> ...`. */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Effect } from "effect"
+import { Effect, Logger } from "effect"
 import * as Cli from "./cli/Cli.ts"
 
-Cli.run.pipe(Effect.provide(NodeServices.layer), NodeRuntime.runMain)
+// Logs and progress go to stderr: stdout carries results (the last line of a command is its JSON result).
+Cli.run.pipe(Effect.provide(NodeServices.layer), Effect.provideService(Logger.LogToStderr, true), NodeRuntime.runMain)

@@ -5,14 +5,25 @@
 import { Command } from "effect/cli"
 import * as ConfigCommand from "./ConfigCommand.ts"
 import * as DataCommand from "./DataCommand.ts"
+import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
+import * as SftCommand from "./SftCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
+import * as TrainCommand from "./TrainCommand.ts"
 
 export const root = Command.make("effect-rl").pipe(
   Command.withDescription(
     "Train language-model agents to use tools over many turns with reinforcement learning (Effect 4 + TensorFlow.js)."
   ),
-  Command.withSubcommands([ConfigCommand.command, DataCommand.command, ModelCommand.command, ToolsCommand.command])
+  Command.withSubcommands([
+    ConfigCommand.command,
+    DataCommand.command,
+    EvalCommand.command,
+    ModelCommand.command,
+    SftCommand.command,
+    ToolsCommand.command,
+    TrainCommand.command
+  ])
 )
 
 export const version = "0.1.0"

@@ -14,8 +14,8 @@ export const AlgorithmConfig = Schema.Struct({
   eps_clip_low: NonNegative.pipe(withDefault(0.2)),
   eps_clip_high: NonNegative.pipe(withDefault(0.2)),
   clip_ratio_c: Schema.Finite.check(Schema.isGreaterThan(1)).pipe(withDefault(3)), // dual clip bound, > 1
-  cispo_eps_clip_low: NonNegative.pipe(withDefault(0)),
-  cispo_eps_clip_high: NonNegative.pipe(withDefault(5)),
+  cispo_eps_clip_low: NonNegative.pipe(withDefault(1)), // offsets from 1 (SkyRL): IS weight clipped to [1 − low, 1 + high]
+  cispo_eps_clip_high: NonNegative.pipe(withDefault(4)),
   loss_reduction: Schema.Literals(["token_mean", "sequence_mean", "seq_mean_token_sum_norm"]).pipe(
     withDefault("token_mean")
   ),

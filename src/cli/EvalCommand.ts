@@ -1,0 +1,49 @@
+/**
+ * `eval --config FILE [--model DIR] [key.path=value ...]`: score a policy on the held-out data (`data.val`) with the
+ * eval sampling settings. Prints per-source lines and, as the last stdout line, the JSON report
+ * `{"event":"eval","report":{"<source>":{"avg_score":…,"pass_at_n":…,"prompts":…},"all":{…}}}`.
+ */
+import { Console, Effect, Option } from "effect"
+import { Command, Flag } from "effect/cli"
+import * as RunLayers from "../../layers/RunLayers.ts"
+import { ConfigError } from "../domain/Errors.ts"
+import * as Evaluator from "../pipeline/Evaluator.ts"
+import * as RunFlags from "./RunFlags.ts"
+import { readRows } from "./TrainCommand.ts"
+
+export const command = Command.make(
+  "eval",
+  {
+    config: RunFlags.config,
+    model: Flag.String("model").pipe(
+      Flag.withDescription("A checkpoint directory to evaluate instead of model.*"),
+      Flag.optional
+    ),
+    overrides: RunFlags.overrides
+  },
+  Effect.fn("cli.eval")(function* ({ config: file, model, overrides }) {
+    const loaded = yield* RunFlags.load(file, overrides)
+    const config = Option.match(model, {
+      onNone: () => loaded,
+      onSome: (dir) => ({ ...loaded, model: { path: dir, lora: loaded.model.lora } })
+    })
+    if (config.data.val.length === 0) {
+      return yield* new ConfigError({ file, path: "data.val", message: "data.val: no held-out files to evaluate on" })
+    }
+    const val = yield* readRows(config.data.val)
+    const { report } = yield* Evaluator.run(val, {
+      samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
+      temperature: config.generator.eval_sampling.temperature,
+      topP: config.generator.eval_sampling.top_p,
+      topK: config.generator.eval_sampling.top_k,
+      stopStrings: config.generator.eval_sampling.stop,
+      unordered: false
+    }).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
+    for (const [source, s] of Object.entries(report)) {
+      yield* Console.log(
+        `${source}: avg_score ${s.avg_score.toFixed(3)}, pass@n ${s.pass_at_n.toFixed(3)} (${s.prompts} prompts)`
+      )
+    }
+    yield* Console.log(JSON.stringify({ event: "eval", report }))
+  })
+).pipe(Command.withDescription("Evaluate a policy on the held-out data"))

@@ -1,0 +1,94 @@
+/**
+ * `train --config FILE [--run-dir DIR] [--resume latest|PATH] [key.path=value ...]`: the synchronous GRPO/PPO loop
+ * (SyncPipeline). Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
+ * checkpoints/) and ends with one JSON summary line on stdout:
+ * `{"event":"summary","steps":…,"seconds":…,"runDir":…,"evalBefore":{…},"evalAfter":{…}}`.
+ */
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Console, Effect, Option, Schema, Stream } from "effect"
+import { Command, Flag } from "effect/cli"
+import * as RunLayers from "../../layers/RunLayers.ts"
+import * as ConfigView from "../config/ConfigView.ts"
+import { RunConfig } from "../config/RunConfig.ts"
+import * as Dataset from "../data/Dataset.ts"
+import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
+import * as RunFlags from "./RunFlags.ts"
+
+/** Read every row of the configured files (`data.max_prompts` caps the training set). */
+export const readRows = (files: ReadonlyArray<string>, max?: number) =>
+  Dataset.readAll(files).pipe(max === undefined ? (s) => s : Stream.take(max), Stream.runCollect)
+
+/** `latest` → the directory `<run dir>/checkpoints/latest` names (undefined when there is none); a path → itself. */
+export const resolveResume = (runDir: string, which: string) =>
+  Effect.tryPromise({
+    try: async () => {
+      if (which !== "latest") {
+        await fs.access(path.join(which, "trainer_state.json"))
+        return which
+      }
+      try {
+        const name = (await fs.readFile(path.join(runDir, "checkpoints", "latest"), "utf8")).trim()
+        return path.join(runDir, "checkpoints", name)
+      } catch {
+        return undefined
+      }
+    },
+    catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
+  })
+
+export const command = Command.make(
+  "train",
+  {
+    config: RunFlags.config,
+    runDir: Flag.String("run-dir").pipe(Flag.withDescription("Run directory (default logging.run_dir)"), Flag.optional),
+    resume: Flag.String("resume").pipe(
+      Flag.withDescription("Continue from a checkpoint: latest (of the run directory) or a checkpoint path"),
+      Flag.optional
+    ),
+    overrides: RunFlags.overrides
+  },
+  Effect.fn("cli.train")(function* ({ config: file, runDir: runDirFlag, resume: resumeFlag, overrides }) {
+    const config = yield* RunFlags.load(file, overrides)
+    const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
+    const resume = Option.getOrUndefined(resumeFlag) ?? config.checkpoint.resume
+    if (config.pipeline.mode !== "sync") {
+      return yield* new ConfigError({
+        file,
+        path: "pipeline.mode",
+        message: "pipeline.mode: async is not available in this build yet; use sync"
+      })
+    }
+    if (config.data.train.length === 0) {
+      return yield* new ConfigError({ file, path: "data.train", message: "data.train: no training files given" })
+    }
+    const train = yield* readRows(config.data.train, config.data.max_prompts)
+    const val = yield* readRows(config.data.val)
+    const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
+    if (resume !== undefined && resumeFrom === undefined)
+      yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)
+    yield* Effect.tryPromise(async () => {
+      await fs.mkdir(runDir, { recursive: true })
+      const encoded = Schema.encodeSync(RunConfig)(config)
+      await fs.writeFile(path.join(runDir, "config.yaml"), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
+    }).pipe(Effect.orDie)
+    yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
+    const summary = yield* SyncPipeline.run({
+      config,
+      runDir,
+      train,
+      val,
+      ...(resumeFrom === undefined ? {} : { resumeFrom })
+    }).pipe(
+      Effect.provide(
+        RunLayers.training(config, {
+          runDir,
+          trainRows: train.length,
+          ...(resumeFrom === undefined ? {} : { resumeFrom })
+        })
+      )
+    )
+    yield* Console.log(JSON.stringify(summary))
+  })
+).pipe(Command.withDescription("Train a policy with GRPO/PPO on a run config"))

@@ -1,0 +1,72 @@
+/**
+ * Run metrics: one JSON object per training step (and per eval) appended to `<run dir>/metrics.jsonl` with SkyRL's
+ * key names (`reward/avg_pass_at_n`, `loss/policy`, `policy/approx_kl`, `timing/*`, `eval/<source>/avg_score`), and a
+ * live progress line on stderr: step, reward, pass@n, elapsed, ETA.
+ */
+import { Clock, Console, Context, Effect, FileSystem, Layer, Path, Ref } from "effect"
+
+export interface Progress {
+  readonly step: number
+  readonly totalSteps: number
+  readonly values: Readonly<Record<string, number>>
+}
+
+export class Metrics extends Context.Service<
+  Metrics,
+  {
+    readonly file: string
+    /** Append one record (`step` and `event` are added) and update the progress line. */
+    readonly record: (event: string, step: number, values: Readonly<Record<string, number>>) => Effect.Effect<void>
+    readonly progress: (progress: Progress) => Effect.Effect<void>
+    readonly elapsedSeconds: Effect.Effect<number>
+  }
+>()("rl/metrics/Metrics") {}
+
+export const fileName = "metrics.jsonl"
+
+const fmt = (x: number | undefined, digits = 3) => (x === undefined || !Number.isFinite(x) ? "-" : x.toFixed(digits))
+
+const clock = (seconds: number) => {
+  const s = Math.max(0, Math.round(seconds))
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`
+}
+
+/** `step 3/20 ███░░░ reward 0.412 pass@n 0.750 kl 0.002 | 0:41 elapsed, ETA 3:52` */
+export const progressLine = (p: Progress, elapsed: number): string => {
+  const width = 20
+  const done = Math.min(width, Math.round((p.step / Math.max(1, p.totalSteps)) * width))
+  const bar = "█".repeat(done) + "░".repeat(width - done)
+  const eta = p.step > 0 ? (elapsed / p.step) * (p.totalSteps - p.step) : Number.NaN
+  return (
+    `step ${p.step}/${p.totalSteps} ${bar} reward ${fmt(p.values["reward/avg_raw_reward"])} ` +
+    `pass@n ${fmt(p.values["reward/avg_pass_at_n"])} kl ${fmt(p.values["policy/approx_kl"], 4)} ` +
+    `| ${clock(elapsed)} elapsed, ETA ${Number.isFinite(eta) ? clock(eta) : "-"}`
+  )
+}
+
+export const make = Effect.fn("Metrics.make")(function* (runDir: string, options: { readonly progress: boolean }) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const file = path.join(runDir, fileName)
+  yield* fs.makeDirectory(runDir, { recursive: true }).pipe(Effect.orDie)
+  const started = yield* Clock.currentTimeMillis
+  const lastValues = yield* Ref.make<Record<string, number>>({})
+  const elapsedSeconds = Effect.map(Clock.currentTimeMillis, (now) => (now - started) / 1000)
+  const record = (event: string, step: number, values: Readonly<Record<string, number>>) =>
+    Effect.gen(function* () {
+      const time = yield* elapsedSeconds
+      const line = JSON.stringify({ event, step, time: Math.round(time * 1000) / 1000, ...values })
+      yield* fs
+        .writeFileString(file, `${line}\n`, { flag: "a" })
+        .pipe(Effect.catch((e) => Effect.logWarning(`metrics: cannot append to ${file}: ${e.message}`)))
+      if (event === "train") yield* Ref.set(lastValues, { ...values })
+    })
+  const progress = (p: Progress) =>
+    options.progress
+      ? Effect.flatMap(elapsedSeconds, (elapsed) => Console.error(progressLine(p, elapsed)))
+      : Effect.void
+  return Metrics.of({ file, record, progress, elapsedSeconds })
+})
+
+export const layer = (runDir: string, options: { readonly progress: boolean }) =>
+  Layer.effect(Metrics, make(runDir, options))

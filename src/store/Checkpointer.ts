@@ -1,0 +1,177 @@
+/**
+ * Checkpoints: one directory per training step under `<run dir>/checkpoints/step-N/`, holding
+ *   - the policy as a HF directory (config.json, model.safetensors, tokenizer files): loadable by `model.path`,
+ *     HF transformers or vLLM;
+ *   - `optimizer.safetensors` (AdamW moments, names `m/<param>` and `v/<param>`);
+ *   - `trainer_state.json` (step, policy version, optimizer step, KL coefficient, and the caller's data state:
+ *     cursor, consumed prompt uids, ...).
+ * The `latest` file (the directory name) is written last, by rename, so a crash mid-save leaves the previous
+ * checkpoint as `latest`. Only the newest `keep_n` step directories are kept.
+ */
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Context, Effect, Layer } from "effect"
+import { CheckpointError } from "../domain/Errors.ts"
+import * as Checkpoint from "../model/Checkpoint.ts"
+import * as Safetensors from "../model/Safetensors.ts"
+import type * as Transformer from "../model/Transformer.ts"
+import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import type { TrainerState } from "../trainer/Trainer.ts"
+
+export interface Saved {
+  readonly dir: string
+  readonly step: number
+}
+
+export interface Restored {
+  readonly dir: string
+  readonly trainer: TrainerState
+  readonly data: Readonly<Record<string, unknown>>
+}
+
+export class Checkpointer extends Context.Service<
+  Checkpointer,
+  {
+    readonly root: string
+    readonly save: (
+      step: number,
+      model: Transformer.Transformer,
+      trainer: TrainerState,
+      data: Readonly<Record<string, unknown>>
+    ) => Effect.Effect<Saved, CheckpointError>
+    /** The checkpoint directory `latest` names, or `path` itself; undefined when there is none yet. */
+    readonly resolve: (which: string) => Effect.Effect<string | undefined, CheckpointError>
+    /** Read the trainer and data state of a checkpoint directory (the weights load via `model.path`). */
+    readonly read: (dir: string) => Effect.Effect<Restored, CheckpointError>
+  }
+>()("rl/store/Checkpointer") {}
+
+const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
+  Effect.tryPromise({
+    try: f,
+    catch: (cause) =>
+      new CheckpointError({ path: dir, message: `${what}: ${cause instanceof Error ? cause.message : String(cause)}` })
+  })
+
+export const make = (options: {
+  readonly runDir: string
+  readonly keepN: number
+  readonly tokenizer: TokenizerImpl
+}) => {
+  const root = path.join(options.runDir, "checkpoints")
+  const save = Effect.fn("Checkpointer.save")(function* (
+    step: number,
+    model: Transformer.Transformer,
+    trainer: TrainerState,
+    data: Readonly<Record<string, unknown>>
+  ) {
+    const name = `step-${step}`
+    const dir = path.join(root, name)
+    const tmp = `${dir}.tmp`
+    yield* attempt(tmp, "clear", () => fs.rm(tmp, { recursive: true, force: true }))
+    yield* attempt(tmp, "weights", () => Checkpoint.save(model, tmp))
+    const hf = options.tokenizer.hfFiles()
+    yield* attempt(tmp, "tokenizer", async () => {
+      await fs.writeFile(path.join(tmp, "tokenizer.json"), JSON.stringify(hf["tokenizer.json"]))
+      await fs.writeFile(
+        path.join(tmp, "tokenizer_config.json"),
+        `${JSON.stringify(hf["tokenizer_config.json"], null, 2)}\n`
+      )
+    })
+    const moments: Array<Safetensors.NamedTensor> = trainer.optimizer.names.flatMap((n, i) => [
+      { name: `m/${n}`, shape: [trainer.optimizer.m[i]!.length], data: trainer.optimizer.m[i]! },
+      { name: `v/${n}`, shape: [trainer.optimizer.v[i]!.length], data: trainer.optimizer.v[i]! }
+    ])
+    yield* attempt(tmp, "optimizer", () =>
+      fs.writeFile(path.join(tmp, "optimizer.safetensors"), Safetensors.encode(moments))
+    )
+    const state = {
+      step: trainer.step,
+      version: trainer.version,
+      optimizerStep: trainer.optimizer.step,
+      optimizerNames: trainer.optimizer.names,
+      klCoef: trainer.klCoef,
+      data
+    }
+    yield* attempt(tmp, "trainer state", () =>
+      fs.writeFile(path.join(tmp, "trainer_state.json"), `${JSON.stringify(state, null, 2)}\n`)
+    )
+    yield* attempt(dir, "publish", async () => {
+      await fs.rm(dir, { recursive: true, force: true })
+      await fs.rename(tmp, dir)
+      await fs.writeFile(path.join(root, "latest.tmp"), name)
+      await fs.rename(path.join(root, "latest.tmp"), path.join(root, "latest"))
+    })
+    yield* attempt(root, "prune", async () => {
+      const steps = (await fs.readdir(root))
+        .filter((d) => /^step-\d+$/.test(d))
+        .sort((a, b) => Number(a.slice(5)) - Number(b.slice(5)))
+      for (const old of steps.slice(0, Math.max(0, steps.length - options.keepN))) {
+        await fs.rm(path.join(root, old), { recursive: true, force: true })
+      }
+    })
+    return { dir, step }
+  })
+  const resolve = (which: string) =>
+    which === "latest"
+      ? attempt(root, "read latest", async () => {
+          try {
+            return path.join(root, (await fs.readFile(path.join(root, "latest"), "utf8")).trim())
+          } catch {
+            return undefined
+          }
+        })
+      : Effect.succeed(which)
+  const read = (dir: string) =>
+    Effect.gen(function* () {
+      const raw = yield* attempt(dir, "trainer_state.json", () =>
+        fs.readFile(path.join(dir, "trainer_state.json"), "utf8")
+      )
+      const state = yield* Effect.try({
+        try: () =>
+          JSON.parse(raw) as {
+            step: number
+            version: number
+            optimizerStep: number
+            optimizerNames: Array<string>
+            klCoef: number
+            data: Record<string, unknown>
+          },
+        catch: () => new CheckpointError({ path: dir, message: "trainer_state.json is not valid JSON" })
+      })
+      const bytes = yield* attempt(dir, "optimizer.safetensors", () =>
+        fs.readFile(path.join(dir, "optimizer.safetensors"))
+      )
+      const decoded = yield* Effect.try({
+        try: () => Safetensors.decode(new Uint8Array(bytes), path.join(dir, "optimizer.safetensors")),
+        catch: (cause) => new CheckpointError({ path: dir, message: `optimizer.safetensors: ${String(cause)}` })
+      })
+      const get = (key: string) => {
+        const t = decoded.tensors.get(key)
+        if (t === undefined) throw new Error(`missing ${key}`)
+        return t.data
+      }
+      const optimizer = yield* Effect.try({
+        try: () => ({
+          step: state.optimizerStep,
+          names: state.optimizerNames,
+          m: state.optimizerNames.map((n) => get(`m/${n}`)),
+          v: state.optimizerNames.map((n) => get(`v/${n}`))
+        }),
+        catch: (cause) => new CheckpointError({ path: dir, message: `optimizer.safetensors: ${String(cause)}` })
+      })
+      const restored: Restored = {
+        dir,
+        trainer: { step: state.step, version: state.version, optimizer, klCoef: state.klCoef },
+        data: state.data
+      }
+      return restored
+    })
+  return Checkpointer.of({ root, save, resolve, read })
+}
+
+export const layer = (options: {
+  readonly runDir: string
+  readonly keepN: number
+  readonly tokenizer: TokenizerImpl
+}) => Layer.succeed(Checkpointer, make(options))
