@@ -1,11 +1,16 @@
 /**
  * `data inspect FILE`: validate a dataset (every row), print counts and prompt length statistics, list bad rows as
  * `FILE:ROW: path: message`, and end with a JSON summary line. Exits 1 when any row is bad.
+ *
+ * `data generate toolbox --seed N --train 2000 --val 200 --out data/toolbox`: write multi-step tasks for the bundled
+ * toolbox server (`train.jsonl`, `val.jsonl`) and demonstrations of the train tasks (`demos.jsonl`); the same flags
+ * give byte-identical files. Ends with a JSON line: counts per split and family, file sizes.
  */
-import { Console, Effect, Path, Stream } from "effect"
-import { Argument, CliError, Command } from "effect/cli"
+import { Console, Effect, FileSystem, Option, Path, Stream } from "effect"
+import { Argument, CliError, Command, Flag } from "effect/cli"
 import * as Dataset from "../data/Dataset.ts"
 import * as DatasetStats from "../data/DatasetStats.ts"
+import * as ToolboxTasks from "../data/ToolboxTasks.ts"
 
 const maxListed = 20
 
@@ -52,7 +57,101 @@ const inspect = Command.make(
   })
 ).pipe(Command.withDescription("Validate a dataset; print row count, env classes, data sources and prompt lengths"))
 
+const userError = (message: string) => new CliError.UserError({ cause: new Error(message), userMessage: message })
+
+const positiveInt = (name: string, fallback: number, description: string) =>
+  Flag.Int(name).pipe(Flag.withDescription(description), Flag.withDefault(fallback))
+
+const toolbox = Command.make(
+  "toolbox",
+  {
+    seed: Flag.Int("seed").pipe(Flag.withDescription("PRNG seed: the same seed gives byte-identical files")),
+    train: positiveInt("train", 2000, "Train tasks (and demonstrations)"),
+    val: positiveInt("val", 200, "Validation tasks"),
+    out: Flag.String("out").pipe(Flag.withDescription("Output directory"), Flag.withDefault("data/toolbox")),
+    maxOperand: positiveInt("max-operand", ToolboxTasks.defaultKnobs.maxOperand, "Largest operand, quantity or offset"),
+    maxChain: positiveInt("max-chain", ToolboxTasks.defaultKnobs.maxChain, "Most calls in an arith_chain task (≥ 2)"),
+    families: Flag.String("families").pipe(
+      Flag.withDescription(`Comma-separated families (default all): ${ToolboxTasks.families.join(", ")}`),
+      Flag.optional
+    )
+  },
+  Effect.fn("cli.data.generate.toolbox")(function* (flags) {
+    const fs = yield* FileSystem.FileSystem
+    const path = yield* Path.Path
+    const chosen = Option.isSome(flags.families)
+      ? flags.families.value
+          .split(",")
+          .map((f) => f.trim())
+          .filter((f) => f !== "")
+      : [...ToolboxTasks.families]
+    const unknown = chosen.filter((f) => !ToolboxTasks.isFamily(f))
+    if (unknown.length > 0) {
+      return yield* userError(`unknown families: ${unknown.join(", ")}; known: ${ToolboxTasks.families.join(", ")}`)
+    }
+    if (flags.train < 0 || flags.val < 0) return yield* userError("--train and --val must be ≥ 0")
+    const data = yield* Effect.try({
+      try: () =>
+        ToolboxTasks.generate({
+          seed: flags.seed,
+          train: flags.train,
+          val: flags.val,
+          maxOperand: flags.maxOperand,
+          maxChain: flags.maxChain,
+          families: chosen.filter(ToolboxTasks.isFamily)
+        }),
+      catch: (e) => userError(e instanceof Error ? e.message : String(e))
+    })
+    const files = {
+      train: ToolboxTasks.toJsonl(data.train),
+      val: ToolboxTasks.toJsonl(data.val),
+      demos: ToolboxTasks.toJsonl(data.demos)
+    }
+    yield* fs.makeDirectory(flags.out, { recursive: true })
+    const bytes: Record<string, number> = {}
+    for (const [name, text] of Object.entries(files)) {
+      const file = path.join(flags.out, `${name}.jsonl`)
+      yield* fs.writeFileString(file, text)
+      bytes[name] = Buffer.byteLength(text)
+    }
+    const counts = {
+      train: ToolboxTasks.countByFamily(data.train),
+      val: ToolboxTasks.countByFamily(data.val),
+      demos: ToolboxTasks.countByFamily(data.demos)
+    }
+    for (const [split, rows] of [
+      ["train", data.train.length],
+      ["val", data.val.length],
+      ["demos", data.demos.length]
+    ] as const) {
+      yield* Console.log(`${path.join(flags.out, `${split}.jsonl`)}: ${rows} rows, ${bytes[split]} bytes`)
+    }
+    for (const family of chosen) {
+      const f = family as ToolboxTasks.Family
+      const repeats = (data.repeats.train[f] ?? 0) + (data.repeats.val[f] ?? 0)
+      yield* Console.log(
+        `  ${f}: train ${counts.train[f] ?? 0}, val ${counts.val[f] ?? 0}${repeats > 0 ? ` (${repeats} repeated prompts: few distinct tasks)` : ""}`
+      )
+    }
+    yield* Console.log(
+      JSON.stringify({
+        seed: flags.seed,
+        out: flags.out,
+        counts,
+        bytes,
+        repeats: data.repeats,
+        weights: ToolboxTasks.weights
+      })
+    )
+  })
+).pipe(Command.withDescription("Multi-step tasks for the bundled toolbox MCP server, with SFT demonstrations"))
+
+const generate = Command.make("generate").pipe(
+  Command.withDescription("Generate datasets"),
+  Command.withSubcommands([toolbox])
+)
+
 export const command = Command.make("data").pipe(
   Command.withDescription("Inspect, convert and generate datasets"),
-  Command.withSubcommands([inspect])
+  Command.withSubcommands([inspect, generate])
 )
