@@ -211,6 +211,26 @@ export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.custom
   }) as any
 ) as unknown as (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 
+/**
+ * How batched attention matmuls (scores and attention·V) run. `"batched"` (default) issues one BatchMatMul; `"split"`
+ * unstacks the batch into 2-D matmuls, which wasm runs on XNNPACK. Measured on wasm for [32, 128, 64] @ [32, 64, 128]:
+ * batched 42–68 ms, split 53–104 ms, because wasm's Unpack alone costs 21–27 ms; so split only pays where unstacking
+ * is cheap (or on a backend whose batched kernel is slow and whose slices are not).
+ */
+let attentionMatmulMode: "split" | "batched" = "batched"
+export const setAttentionMatmul = (mode: "split" | "batched"): void => {
+  attentionMatmulMode = mode
+}
+
+/** a [N, M, K] @ b [N, K, P] → [N, M, P]. */
+const batchedMatmul = (a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D => {
+  const N = a.shape[0]
+  if (attentionMatmulMode === "batched" || N === 1) return tf.matMul(a, b) // [N, M, P]
+  const as = tf.unstack(a) as Array<tf.Tensor2D> // N × [M, K]
+  const bs = tf.unstack(b) as Array<tf.Tensor2D> // N × [K, P]
+  return tf.stack(as.map((ai, i) => linear(ai, bs[i]!))) as tf.Tensor3D // [N, M, P]
+}
+
 /** One projection: `x @ W (+ b) (+ dropout(x) @ A @ B · scale)`. */
 interface Projection {
   readonly w: tf.Tensor2D // [in, out]
@@ -238,6 +258,8 @@ export interface WeightView {
   readonly finalNorm: tf.Tensor1D // [D]
   readonly head: tf.Tensor2D | undefined // [D, V]; undefined = tied, transpose embed per forward
   readonly owned: ReadonlyArray<tf.Tensor>
+  /** false for inference views: plain matmuls, skipping the custom-gradient wrapper's per-op overhead. */
+  readonly differentiable: boolean
 }
 
 const param = (model: Transformer, name: string): tf.Variable => {
@@ -281,7 +303,8 @@ export const trainingView = (model: Transformer): WeightView => {
     embed: param(model, "model.embed_tokens.weight") as tf.Tensor2D,
     finalNorm: param(model, "model.norm.weight") as tf.Tensor1D,
     head: c.tieWordEmbeddings ? undefined : (param(model, "lm_head.weight") as tf.Tensor2D),
-    owned: []
+    owned: [],
+    differentiable: true
   }
 }
 
@@ -324,7 +347,7 @@ export const inferenceView = (model: Transformer): WeightView => {
     }
   })
   const head = base.head ?? own(() => tf.transpose(base.embed) as tf.Tensor2D) // [D, V]
-  return { layers, embed: base.embed, finalNorm: base.finalNorm, head, owned }
+  return { layers, embed: base.embed, finalNorm: base.finalNorm, head, owned, differentiable: false }
 }
 
 export const disposeView = (view: WeightView): void => {
@@ -336,19 +359,28 @@ const rmsNorm = (x: tf.Tensor, w: tf.Tensor1D, eps: number): tf.Tensor => {
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(variance, eps))), w) // [..., n]
 }
 
-const project = (x: tf.Tensor2D, p: Projection, training: boolean): tf.Tensor2D => {
-  let y = linear(x, p.w) // [N, out]
+type MatMul2D = (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
+const plainMatMul: MatMul2D = (x, w) => tf.matMul(x, w)
+
+const project = (x: tf.Tensor2D, p: Projection, training: boolean, mm: MatMul2D = linear): tf.Tensor2D => {
+  let y = mm(x, p.w) // [N, out]
   if (p.b !== undefined) y = tf.add(y, p.b)
   if (p.adapter !== undefined) {
     const xIn = training && p.adapter.dropout > 0 ? (tf.dropout(x, p.adapter.dropout) as tf.Tensor2D) : x // [N, in]
-    y = tf.add(y, tf.mul(linear(linear(xIn, p.adapter.a as tf.Tensor2D), p.adapter.b as tf.Tensor2D), p.adapter.scale))
+    y = tf.add(y, tf.mul(mm(mm(xIn, p.adapter.a as tf.Tensor2D), p.adapter.b as tf.Tensor2D), p.adapter.scale))
   }
   return y
 }
 
 /** Apply each projection and split a fused one into `sizes`. */
-const projectAll = (x: tf.Tensor2D, ps: ReadonlyArray<Projection>, sizes: Array<number>, training: boolean) =>
-  ps.length === 1 ? tf.split(project(x, ps[0]!, training), sizes, 1) : ps.map((p) => project(x, p, training))
+const projectAll = (
+  x: tf.Tensor2D,
+  ps: ReadonlyArray<Projection>,
+  sizes: Array<number>,
+  training: boolean,
+  mm: MatMul2D
+) =>
+  ps.length === 1 ? tf.split(project(x, ps[0]!, training, mm), sizes, 1) : ps.map((p) => project(x, p, training, mm))
 
 /** `rotate_half` as a matrix: `rotate_half(x) = x @ R`, R[j + h, j] = −1 and R[j, j + h] = 1 for j < h = hd/2. */
 const rotateHalfMatrix = (hd: number): Float32Array => {
@@ -423,6 +455,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const P = input.past === undefined || input.past.length === 0 ? 0 : input.past[0]!.values.shape[2]
   const L = P + T
   const training = input.training === true
+  const mm = view.differentiable ? linear : plainMatMul
   if (input.keyMask.length !== B * L) throw new Error(`keyMask has ${input.keyMask.length} entries, expected ${B}×${L}`)
 
   // Additive attention bias [B, 1, 1, T, L]: 0 where visible, −1e9 where not.
@@ -444,7 +477,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const sinQ = tf.mul(sinK, scale) // [B·T, 1, hd]
   const rotate = tf.tensor2d(rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
   const rope = (x: tf.Tensor, heads: number, cosT: tf.Tensor, sinT: tf.Tensor): tf.Tensor => {
-    const rotated = linear(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
+    const rotated = mm(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
     return tf.add(tf.mul(x, cosT), tf.mul(tf.reshape(rotated, [B * T, heads, hd]), sinT)) // [B·T, heads, hd]
   }
 
@@ -453,7 +486,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   view.layers.forEach((layer, l) => {
     // --- attention
     const h = rmsNorm(x, layer.inputNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
-    const [q2, k2, v2] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training) // [B·T, H·hd], [B·T, Hkv·hd] ×2
+    const [q2, k2, v2] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training, mm) // [B·T, H·hd], [B·T, Hkv·hd] ×2
     let q: tf.Tensor = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
     let k: tf.Tensor = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
     if (layer.qNorm !== undefined) {
@@ -469,16 +502,28 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
     const keysT = past === undefined ? kNewT : (tf.concat([past.keysT, kNewT], 3) as tf.Tensor4D) // [B, Hkv, hd, L]
     const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 2) as tf.Tensor4D) // [B, Hkv, L, hd]
     cache.push({ keysT, values })
-    const scores = tf.reshape(tf.matMul(qg, keysT), [B, Hkv, rep, T, L]) // [B, Hkv, rep, T, L]
+    const scores = tf.reshape(
+      batchedMatmul(
+        tf.reshape(qg, [B * Hkv, rep * T, hd]) as tf.Tensor3D,
+        tf.reshape(keysT, [B * Hkv, hd, L]) as tf.Tensor3D
+      ),
+      [B, Hkv, rep, T, L]
+    ) // [B, Hkv, rep, T, L]
     const probs = tf.reshape(tf.softmax(tf.add(scores, maskBias)), [B, Hkv, rep * T, L]) // [B, Hkv, rep·T, L]
-    const attended = tf.reshape(tf.matMul(probs, values), [B, Hkv, rep, T, hd]) // [B, Hkv, rep, T, hd]
+    const attended = tf.reshape(
+      batchedMatmul(
+        tf.reshape(probs, [B * Hkv, rep * T, L]) as tf.Tensor3D,
+        tf.reshape(values, [B * Hkv, L, hd]) as tf.Tensor3D
+      ),
+      [B, Hkv, rep, T, hd]
+    ) // [B, Hkv, rep, T, hd]
     const merged2 = tf.reshape(tf.transpose(attended, [0, 3, 1, 2, 4]), [B * T, H * hd]) as tf.Tensor2D // [B·T, H·hd]
-    x = tf.add(x, project(merged2, layer.o, training)) // [B·T, D]
+    x = tf.add(x, project(merged2, layer.o, training, mm)) // [B·T, D]
     // --- MLP: down(silu(gate) · up)
     const h2 = rmsNorm(x, layer.postNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
-    const [gate, up] = projectAll(h2, layer.gateUp, [c.intermediateSize, c.intermediateSize], training) // [B·T, I] ×2
+    const [gate, up] = projectAll(h2, layer.gateUp, [c.intermediateSize, c.intermediateSize], training, mm) // [B·T, I] ×2
     const act = tf.mul(tf.mul(gate!, tf.sigmoid(gate!)), up!) as tf.Tensor2D // [B·T, I]
-    x = tf.add(x, project(act, layer.down, training)) // [B·T, D]
+    x = tf.add(x, project(act, layer.down, training, mm)) // [B·T, D]
   })
   const hidden = rmsNorm(x, view.finalNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
   return { hidden, cache }
@@ -486,7 +531,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
 
 /** LM head: `hidden @ Wᵀ_head` → logits [N, V]. */
 export const logitsOf = (view: WeightView, hidden: tf.Tensor2D): tf.Tensor2D =>
-  linear(hidden, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D)) // [N, V]
+  (view.differentiable ? linear : plainMatMul)(hidden, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D)) // [N, V]
 
 /** Default RoPE positions for a (left-)padded batch: the count of real tokens before each slot (0 for padding). */
 export const positionsFromMask = (mask: ArrayLike<number>, batch: number, length: number): Int32Array => {

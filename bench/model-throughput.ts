@@ -1,0 +1,122 @@
+/**
+ * Throughput of the tfjs transformer on the perf model (vocab 512, d_model 256, 4 layers, 4 heads, SwiGLU 4×,
+ * RMSNorm, tied embeddings, fp32) on the wasm backend:
+ * - forward: logits for a batch of 8 × 128 tokens;
+ * - train step: forward + backward + Adam on −mean token log-prob, 8 × 128 tokens;
+ * - sampling: KV-cache generation, batch 8, prompt 32, 96 new tokens, temperature 1.
+ * Prints one JSON line and writes bench/results/model-throughput.json.
+ *
+ * Run: npx node bench/model-throughput.ts [--backend wasm|cpu] [--iters N]
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import * as tf from "@tensorflow/tfjs"
+import { Effect } from "effect"
+import * as TensorBackend from "../src/backend/TensorBackend.ts"
+import * as LogProbs from "../src/model/LogProbs.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Prng from "../src/model/Prng.ts"
+import * as Sampling from "../src/model/Sampling.ts"
+import * as Transformer from "../src/model/Transformer.ts"
+
+const arg = (name: string, fallback: string): string => {
+  const i = process.argv.indexOf(`--${name}`)
+  return i >= 0 ? process.argv[i + 1]! : fallback
+}
+const backend = arg("backend", "wasm") as "wasm" | "cpu"
+const iters = Number(arg("iters", "5"))
+
+await Effect.runPromise(TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" }))
+
+const config = ModelConfig.fromInit({
+  architecture: "qwen3",
+  vocab_size: 512,
+  hidden_size: 256,
+  intermediate_size: 1024,
+  num_hidden_layers: 4,
+  num_attention_heads: 4,
+  num_key_value_heads: 4,
+  rope_theta: 10000,
+  rms_norm_eps: 1e-6,
+  max_position_embeddings: 1024,
+  tie_word_embeddings: true
+})
+const model = Transformer.init(config, 0)
+const B = 8
+const T = 128
+const prng = Prng.make(1)
+const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * 512)))
+
+/** Median seconds per call over `iters` runs after one warm-up. */
+const time = async (run: () => void | Promise<void>): Promise<number> => {
+  await run()
+  const samples: Array<number> = []
+  for (let i = 0; i < iters; i++) {
+    const start = performance.now()
+    await run()
+    samples.push((performance.now() - start) / 1000)
+  }
+  samples.sort((a, b) => a - b)
+  return samples[Math.floor(samples.length / 2)]!
+}
+
+const forwardS = await time(() => {
+  tf.tidy(() => {
+    Transformer.forward(model, { ids }).dataSync()
+  })
+})
+
+const optimizer = tf.train.adam(1e-4)
+const vars = Transformer.trainableVariables(model)
+const trainS = await time(() => {
+  const loss = optimizer.minimize(
+    () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
+    true,
+    vars
+  )
+  loss!.dataSync()
+  loss!.dispose()
+})
+
+const prompts = ids.map((row) => row.slice(0, 32))
+let generated = 0
+const sampleS = await time(async () => {
+  const out = await Sampling.generate(
+    model,
+    prompts.map((promptIds, i) => ({
+      promptIds,
+      sampling: { ...Sampling.defaultParams, temperature: 1, maxNewTokens: 96, seed: i }
+    }))
+  )
+  generated = out.reduce((n, c) => n + c.tokens.length, 0)
+})
+
+const result = {
+  bench: "model-throughput",
+  backend: tf.getBackend(),
+  model: {
+    vocab: 512,
+    d_model: 256,
+    layers: 4,
+    heads: 4,
+    mlp: 1024,
+    tied: true,
+    parameters: ModelConfig.parameterCount(config)
+  },
+  forward: { batch: B, tokens: T, seconds: forwardS, tokens_per_s: (B * T) / forwardS },
+  train_step: { batch: B, tokens: T, seconds: trainS, tokens_per_s: (B * T) / trainS, optimizer: "adam" },
+  sampling: { batch: B, prompt: 32, new_tokens: 96, generated, seconds: sampleS, tokens_per_s: generated / sampleS },
+  iters,
+  cpu: os.cpus()[0]?.model ?? "unknown",
+  cores: os.cpus().length,
+  loadavg_1m: os.loadavg()[0], // other processes competing for the cores make these numbers pessimistic
+  node: process.version,
+  date: new Date().toISOString()
+}
+console.log(JSON.stringify(result))
+const out = path.join(import.meta.dirname, "results", "model-throughput.json")
+fs.mkdirSync(path.dirname(out), { recursive: true })
+fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)
+optimizer.dispose()
+Transformer.dispose(model)
