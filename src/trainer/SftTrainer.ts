@@ -1,0 +1,347 @@
+/**
+ * Supervised fine-tuning: next-token cross-entropy on the loss-masked tokens of chat conversations (SftDataset.ts:
+ * the assistant turns, end-of-turn token included), token-mean over the whole optimizer batch:
+ *
+ *   L(θ) = −(1 / Σ_{b,t} m_{b,t}) · Σ_{b,t} m_{b,t} · log π_θ(x_{b,t} | x_{b,<t})
+ *
+ * Each step takes `batch_size` sequences in a seeded shuffled order (reshuffled every epoch), runs them in
+ * micro-batches of `micro_batch_size` and sums their gradients (each micro-batch loss is divided by the token count of
+ * the WHOLE batch, so accumulation gives exactly the gradient of L, whatever the micro-batch size), then applies one
+ * AdamW update (Optimizer.ts: global-norm clipping, warmup + cosine learning rate over the run's steps).
+ *
+ * Output in `output_dir`: `metrics.jsonl` (one record per logged step: `step`, `train/loss`, `train/lr`, `eval/loss`
+ * when evaluated at that step, ...), and checkpoints `step-N/` (HF directory: config.json, model.safetensors,
+ * tokenizer.json, tokenizer_config.json, trainer_state.json) every `save_interval` steps and at the end. A checkpoint
+ * is written as `step-N.tmp/` and renamed; the `latest` file (the directory name) is written last, by rename, the
+ * convention of store/Checkpointer.ts. Progress lines go to stderr.
+ *
+ * Departures, on purpose:
+ * 1. The last partial batch of an epoch is kept (HF's `dataloader_drop_last: false`); its token-mean uses its own
+ *    token count.
+ * 2. `train/loss` in a record is the token-weighted mean over the steps since the previous record, not the last step.
+ * 3. No optimizer moments in checkpoints: they are for loading (`model.path`), not for resuming an SFT run.
+ */
+import * as tf from "@tensorflow/tfjs"
+import { Clock, Console, Effect, FileSystem, Path } from "effect"
+import type { SftConfig } from "../config/SftConfig.ts"
+import type * as SftDataset from "../data/SftDataset.ts"
+import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as Checkpoint from "../model/Checkpoint.ts"
+import * as LogProbs from "../model/LogProbs.ts"
+import * as HfConfig from "../model/ModelConfig.ts"
+import * as Prng from "../model/Prng.ts"
+import * as Transformer from "../model/Transformer.ts"
+import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
+import { Tokenizer } from "../tokenizer/Tokenizer.ts"
+import * as Optimizer from "./Optimizer.ts"
+import { PolicyModel } from "./PolicyModel.ts"
+
+export interface Options {
+  readonly config: SftConfig
+  readonly train: ReadonlyArray<SftDataset.Example>
+  readonly eval?: ReadonlyArray<SftDataset.Example>
+}
+
+/** The run's result; the `sft` command prints it (with `event: "summary"`) as its last stdout line. */
+export interface Summary {
+  readonly steps: number
+  readonly epochs: number // passes over the data, fractional
+  readonly trainLoss: number // token-mean loss of the last logged window
+  readonly firstLoss: number // loss of the first step, before any update
+  readonly evalLoss: number | null // at the end; null without eval data
+  readonly outputDir: string
+  readonly checkpoint: string // the final step-N directory
+  readonly seconds: number
+  readonly tokens: number // real (non-padding) tokens trained on
+}
+
+/** One metrics.jsonl record. */
+export interface MetricsRecord {
+  readonly step: number
+  readonly epoch: number
+  readonly "train/loss": number
+  readonly "train/lr": number
+  readonly "train/grad_norm": number
+  readonly "train/tokens_per_second": number
+  readonly "train/loss_tokens": number
+  readonly "eval/loss"?: number
+}
+
+/** A micro-batch, right-padded to its longest sequence. */
+export interface Padded {
+  readonly ids: Array<Array<number>> // [b, L]
+  readonly attentionMask: Array<Array<number>> // [b, L], 1 = real token
+  readonly lossMask: Array<Array<number>> // [b, L]
+}
+
+export const pad = (examples: ReadonlyArray<SftDataset.Example>, padId: number): Padded => {
+  const L = Math.max(...examples.map((e) => e.ids.length))
+  const fill = <A>(xs: ReadonlyArray<A>, value: A) => [...xs, ...new Array<A>(L - xs.length).fill(value)]
+  return {
+    ids: examples.map((e) => fill(e.ids, padId)),
+    attentionMask: examples.map((e) =>
+      fill(
+        e.ids.map(() => 1),
+        0
+      )
+    ),
+    lossMask: examples.map((e) => fill<number>(e.lossMask, 0))
+  }
+}
+
+const chunks = <A>(xs: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> =>
+  Array.from({ length: Math.ceil(xs.length / size) }, (_, i) => xs.slice(i * size, (i + 1) * size))
+
+const lossTokensOf = (examples: ReadonlyArray<SftDataset.Example>): number =>
+  examples.reduce((n, e) => n + e.lossMask.reduce<number>((a, b) => a + b, 0), 0)
+
+/** Σ_{b,t} m·(−log π(x_t | x_<t)) over a padded micro-batch: a scalar, differentiable. Call inside tidy. */
+const maskedNllSum = (model: Transformer.Transformer, micro: Padded, training: boolean): tf.Scalar => {
+  const { logprobs } = LogProbs.ofSequences(model, { ids: micro.ids, attentionMask: micro.attentionMask, training }) // [b, L]
+  const mask = tf.tensor2d(micro.lossMask, [micro.ids.length, micro.ids[0]!.length]) // [b, L]
+  return tf.neg(tf.sum(tf.mul(logprobs, mask))) as tf.Scalar
+}
+
+/** Token-mean loss of `examples` under the model's current weights, no gradient. NaN when nothing is masked in. */
+export const evaluate = (
+  model: Transformer.Transformer,
+  examples: ReadonlyArray<SftDataset.Example>,
+  options: { readonly microBatchSize: number; readonly padId: number }
+): number => {
+  let nll = 0
+  for (const chunk of chunks(examples, options.microBatchSize)) {
+    nll += tf.tidy(() => maskedNllSum(model, pad(chunk, options.padId), false).dataSync()[0]!)
+  }
+  const count = lossTokensOf(examples)
+  return count === 0 ? Number.NaN : nll / count
+}
+
+export interface StepStats {
+  readonly loss: number // L of the batch, before the update
+  readonly gradNorm: number // before clipping
+  readonly tokens: number // real tokens in the batch
+  readonly lossTokens: number
+}
+
+/**
+ * One optimizer step on `batch`: accumulate ∇L over micro-batches, then AdamW at learning rate `lr`.
+ * @throws Error on a non-finite loss (nothing is applied then).
+ */
+export const trainStep = (
+  model: Transformer.Transformer,
+  optimizer: Optimizer.AdamW,
+  variables: Array<tf.Variable>,
+  batch: ReadonlyArray<SftDataset.Example>,
+  options: { readonly microBatchSize: number; readonly padId: number; readonly lr: number }
+): StepStats => {
+  const lossTokens = lossTokensOf(batch)
+  const tokens = batch.reduce((n, e) => n + e.ids.length, 0)
+  if (lossTokens === 0) return { loss: 0, gradNorm: 0, tokens, lossTokens }
+  let accumulated: tf.NamedTensorMap | undefined
+  let loss = 0
+  for (const chunk of chunks(batch, options.microBatchSize)) {
+    const micro = pad(chunk, options.padId)
+    // this micro-batch's share of L: its masked NLL sum over the batch's token count
+    const { value, grads } = tf.variableGrads(
+      () => tf.div(maskedNllSum(model, micro, true), lossTokens) as tf.Scalar,
+      variables
+    )
+    loss += value.dataSync()[0]!
+    value.dispose()
+    if (accumulated === undefined) accumulated = grads
+    else {
+      const sum: tf.NamedTensorMap = {}
+      for (const [name, g] of Object.entries(grads)) {
+        sum[name] = tf.add(accumulated[name]!, g)
+        accumulated[name]!.dispose()
+        g.dispose()
+      }
+      accumulated = sum
+    }
+  }
+  if (!Number.isFinite(loss)) {
+    tf.dispose(accumulated)
+    throw new Error(`SFT: non-finite loss (${loss}) on a batch of ${batch.length} sequences`)
+  }
+  const gradNorm = optimizer.apply(accumulated!, options.lr)
+  tf.dispose(accumulated)
+  return { loss, gradNorm, tokens, lossTokens }
+}
+
+/** The example order of one epoch: a Fisher–Yates shuffle seeded by (seed, epoch), or the file order. */
+export const epochOrder = (n: number, seed: number, epoch: number, shuffle: boolean): Array<number> => {
+  const order = Array.from({ length: n }, (_, i) => i)
+  if (!shuffle) return order
+  const rng = Prng.make((seed ^ Math.imul(epoch + 1, 0x9e3779b1)) >>> 0)
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(rng.next() * (i + 1))
+    ;[order[i], order[j]] = [order[j]!, order[i]!]
+  }
+  return order
+}
+
+/** Optimizer steps of a run: `max_steps`, else `epochs` × ⌈examples / batch_size⌉. */
+export const totalSteps = (config: SftConfig, examples: number): number =>
+  config.max_steps ?? config.epochs * Math.ceil(examples / config.batch_size)
+
+const seconds = (s: number): string => (s >= 120 ? `${(s / 60).toFixed(1)}m` : `${s.toFixed(1)}s`)
+
+/**
+ * Train the PolicyModel's weights on `options.train`. Writes metrics and checkpoints under `config.output_dir`.
+ * A non-finite loss is a defect (Effect.die with the step).
+ */
+export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
+  const c = options.config
+  const { model } = yield* PolicyModel
+  const tokenizer = yield* Tokenizer
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const train = options.train
+  const evalSet = options.eval ?? []
+  if (train.length === 0) {
+    return yield* new ConfigError({ path: "sft.data", message: "no training examples (sft.data is empty)" })
+  }
+  if (tokenizer.vocabSize > model.config.vocabSize) {
+    return yield* new ConfigError({
+      path: "model",
+      message: `the tokenizer has ${tokenizer.vocabSize} ids but the model's vocabulary is ${model.config.vocabSize}`
+    })
+  }
+  const tooLong = train.find((e) => e.ids.some((id) => id >= model.config.vocabSize))
+  if (tooLong !== undefined) {
+    return yield* new ConfigError({ path: "sft.data", message: `${tooLong.source}: a token id exceeds the vocabulary` })
+  }
+  const variables = Transformer.trainableVariables(model)
+  const optimizer = yield* Effect.acquireRelease(
+    Effect.sync(() => Optimizer.make(variables, c.optimizer)),
+    (o) => Effect.sync(() => o.dispose())
+  )
+  const stepsPerEpoch = Math.ceil(train.length / c.batch_size)
+  const total = totalSteps(c, train.length)
+  const micro = { microBatchSize: c.micro_batch_size, padId: tokenizer.padId }
+  const outputDir = c.output_dir
+  const fileError = (file: string) => (cause: { readonly message: string }) =>
+    new CheckpointError({ path: file, message: cause.message })
+  const metricsFile = path.join(outputDir, "metrics.jsonl")
+  yield* fs.makeDirectory(outputDir, { recursive: true }).pipe(Effect.mapError(fileError(outputDir)))
+  yield* fs.writeFileString(metricsFile, "").pipe(Effect.mapError(fileError(metricsFile)))
+
+  const save = Effect.fnUntraced(function* (step: number, state: Readonly<Record<string, unknown>>) {
+    const name = `step-${step}`
+    const dir = path.join(outputDir, name)
+    const tmp = `${dir}.tmp`
+    const attempt = (what: string, f: () => Promise<void>) =>
+      Effect.tryPromise({
+        try: f,
+        catch: (cause) =>
+          new CheckpointError({ path: tmp, message: `${what}: ${cause instanceof Error ? cause.message : cause}` })
+      })
+    yield* fs.remove(tmp, { recursive: true, force: true }).pipe(Effect.mapError(fileError(tmp)))
+    yield* attempt("weights", () => Checkpoint.save(model, tmp))
+    yield* AutoTokenizer.save(tokenizer.impl, tmp).pipe(
+      Effect.mapError((e) => new CheckpointError({ path: tmp, message: `tokenizer: ${e.message}` }))
+    )
+    const stateFile = path.join(tmp, "trainer_state.json")
+    yield* fs
+      .writeFileString(stateFile, `${JSON.stringify(state, null, 2)}\n`)
+      .pipe(Effect.mapError(fileError(stateFile)))
+    yield* fs.remove(dir, { recursive: true, force: true }).pipe(Effect.mapError(fileError(dir)))
+    yield* fs.rename(tmp, dir).pipe(Effect.mapError(fileError(dir)))
+    const latest = path.join(outputDir, "latest")
+    yield* fs.writeFileString(`${latest}.tmp`, name).pipe(Effect.mapError(fileError(latest)))
+    yield* fs.rename(`${latest}.tmp`, latest).pipe(Effect.mapError(fileError(latest)))
+    return dir
+  })
+
+  yield* Console.error(
+    `sft: ${train.length} sequences (${train.reduce((n, e) => n + e.ids.length, 0)} tokens, ` +
+      `${lossTokensOf(train)} in the loss), ${evalSet.length} held out; ` +
+      `${HfConfig.parameterCount(model.config).toLocaleString()} parameters; ` +
+      `${total} steps of ${c.batch_size} (micro-batches of ${c.micro_batch_size}), ${stepsPerEpoch} steps per epoch`
+  )
+  const started = yield* Clock.currentTimeMillis
+  let order: Array<number> = []
+  let window = { nll: 0, lossTokens: 0, tokens: 0, since: started }
+  let trainLoss = Number.NaN
+  let firstLoss = Number.NaN
+  let evalLoss: number | undefined
+  let tokens = 0
+  let checkpoint = ""
+  for (let step = 1; step <= total; step++) {
+    const epoch = Math.floor((step - 1) / stepsPerEpoch)
+    const position = (step - 1) % stepsPerEpoch
+    if (position === 0) order = epochOrder(train.length, c.seed, epoch, c.shuffle)
+    const batch = order.slice(position * c.batch_size, (position + 1) * c.batch_size).map((i) => train[i]!)
+    const lr = Optimizer.learningRate(c.optimizer, step - 1, total)
+    const stats = yield* Effect.try({
+      try: () => trainStep(model, optimizer, variables, batch, { ...micro, lr }),
+      catch: (cause) => new Error(`step ${step}: ${cause instanceof Error ? cause.message : String(cause)}`)
+    }).pipe(Effect.orDie)
+    if (step === 1) firstLoss = stats.loss
+    tokens += stats.tokens
+    window = {
+      ...window,
+      nll: window.nll + stats.loss * stats.lossTokens,
+      lossTokens: window.lossTokens + stats.lossTokens,
+      tokens: window.tokens + stats.tokens
+    }
+    const last = step === total
+    const evaluated =
+      evalSet.length > 0 && (last || (c.eval_interval > 0 && step % c.eval_interval === 0))
+        ? evaluate(model, evalSet, micro)
+        : undefined
+    if (evaluated !== undefined) evalLoss = evaluated
+    if (last || evaluated !== undefined || step % c.log_interval === 0) {
+      const now = yield* Clock.currentTimeMillis
+      trainLoss = window.lossTokens === 0 ? 0 : window.nll / window.lossTokens
+      const tokensPerSecond = window.tokens / Math.max(1e-3, (now - window.since) / 1000)
+      const elapsed = (now - started) / 1000
+      const record: MetricsRecord = {
+        step,
+        epoch: step / stepsPerEpoch,
+        "train/loss": trainLoss,
+        "train/lr": lr,
+        "train/grad_norm": stats.gradNorm,
+        "train/tokens_per_second": tokensPerSecond,
+        "train/loss_tokens": window.lossTokens,
+        ...(evaluated === undefined ? {} : { "eval/loss": evaluated })
+      }
+      yield* fs
+        .writeFileString(metricsFile, `${JSON.stringify(record)}\n`, { flag: "a" })
+        .pipe(Effect.mapError(fileError(metricsFile)))
+      yield* Console.error(
+        `sft step ${step}/${total} epoch ${record.epoch.toFixed(2)} loss ${trainLoss.toFixed(4)}` +
+          (evaluated === undefined ? "" : ` eval_loss ${evaluated.toFixed(4)}`) +
+          ` lr ${lr.toExponential(2)} grad_norm ${stats.gradNorm.toFixed(3)} tok/s ${tokensPerSecond.toFixed(0)}` +
+          ` elapsed ${seconds(elapsed)} eta ${seconds((elapsed / step) * (total - step))}`
+      )
+      window = { nll: 0, lossTokens: 0, tokens: 0, since: now }
+    }
+    if (last || (c.save_interval > 0 && step % c.save_interval === 0)) {
+      checkpoint = yield* save(step, {
+        step,
+        epoch: step / stepsPerEpoch,
+        total_steps: total,
+        optimizer_step: optimizer.step(),
+        train_loss: trainLoss,
+        eval_loss: evalLoss ?? null,
+        learning_rate: lr,
+        seed: c.seed,
+        loss_on: c.loss_on
+      })
+    }
+    yield* Effect.yieldNow
+  }
+  const summary: Summary = {
+    steps: total,
+    epochs: total / stepsPerEpoch,
+    trainLoss,
+    firstLoss,
+    evalLoss: evalLoss ?? null,
+    outputDir,
+    checkpoint,
+    seconds: ((yield* Clock.currentTimeMillis) - started) / 1000,
+    tokens
+  }
+  return summary
+}, Effect.scoped)

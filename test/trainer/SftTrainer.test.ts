@@ -1,0 +1,216 @@
+/**
+ * SftTrainer: a tiny model (hidden 32, 2 layers) learns to answer "reverse abc" with "cba" from 40 rows; the
+ * saved checkpoint loads back (weights + tokenizer) and scores tokens exactly as the trained in-memory model;
+ * gradient accumulation over micro-batches gives the full batch's gradient; `sft` runs from the command line.
+ */
+import { readFileSync, rmSync } from "node:fs"
+import { NodeServices } from "@effect/platform-node"
+import { assert, beforeAll, describe, it } from "@effect/vitest"
+import * as tf from "@tensorflow/tfjs"
+import { Effect, FileSystem } from "effect"
+import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
+import * as SftDataset from "../../src/data/SftDataset.ts"
+import type { Message } from "../../src/domain/Message.ts"
+import * as Checkpoint from "../../src/model/Checkpoint.ts"
+import * as LogProbs from "../../src/model/LogProbs.ts"
+import * as HfConfig from "../../src/model/ModelConfig.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
+import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
+import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
+import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
+import * as Optimizer from "../../src/trainer/Optimizer.ts"
+import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
+import * as SftTrainer from "../../src/trainer/SftTrainer.ts"
+import * as Cli from "../fixtures/Cli.ts"
+
+const tinyInit = {
+  architecture: "qwen3",
+  vocab_size: 320,
+  hidden_size: 32,
+  intermediate_size: 64,
+  num_hidden_layers: 2,
+  num_attention_heads: 2,
+  num_key_value_heads: 1,
+  head_dim: 16,
+  seed: 7
+} as const
+
+/** Row i: "reverse xyz" → "zyx", three letters from a–f picked by a fixed LCG (deterministic, no repeats). */
+const reverseRows = (n: number, offset = 0) =>
+  Array.from({ length: n }, (_, i) => {
+    let s = (i + offset) * 2654435761
+    const word = Array.from({ length: 3 }, () => {
+      s = (Math.imul(s, 1103515245) + 12345) >>> 0
+      return "abcdef"[(s >>> 16) % 6]!
+    }).join("")
+    return {
+      messages: [
+        { role: "user", content: `reverse ${word}` },
+        { role: "assistant", content: [...word].reverse().join("") }
+      ]
+    }
+  })
+
+const writeJsonl = (fs: FileSystem.FileSystem, file: string, rows: ReadonlyArray<unknown>) =>
+  fs.writeFileString(file, rows.map((r) => JSON.stringify(r)).join("\n"))
+
+// wasm: the pure-JS cpu backend is ~20× slower here; the process-wide backend is set once for the file
+beforeAll(() => Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })))
+
+describe("SftTrainer.run", () => {
+  it.effect(
+    "drives the assistant-token loss below half its start on 40 reverse rows, and saves a checkpoint that loads",
+    () =>
+      Effect.gen(function* () {
+        const fs = yield* FileSystem.FileSystem
+        const dir = yield* fs.makeTempDirectoryScoped()
+        yield* writeJsonl(fs, `${dir}/train.jsonl`, reverseRows(40))
+        yield* writeJsonl(fs, `${dir}/val.jsonl`, reverseRows(8, 1000))
+        const config = yield* RunConfigLoader.fromObject(
+          { model: { init: tinyInit }, tokenizer: { kind: "byte" }, backend: { name: "wasm" } },
+          [
+            `sft.data=[${dir}/train.jsonl]`,
+            `sft.eval_data=[${dir}/val.jsonl]`,
+            "sft.max_steps=40",
+            "sft.batch_size=8",
+            "sft.micro_batch_size=4",
+            "sft.optimizer.lr=0.01",
+            "sft.optimizer.warmup_steps=4",
+            "sft.optimizer.scheduler=cosine",
+            "sft.log_interval=5",
+            "sft.eval_interval=20",
+            "sft.save_interval=20",
+            `sft.output_dir=${dir}/out`
+          ]
+        )
+        const tokenizer = ByteTokenizer.make()
+        const options = { maxLength: config.sft.max_length, lossOn: config.sft.loss_on }
+        const train = yield* SftDataset.load(config.sft.data, tokenizer, options)
+        const held = yield* SftDataset.load(config.sft.eval_data, tokenizer, options)
+        const { summary, before, after } = yield* Effect.gen(function* () {
+          const { model } = yield* PolicyModel.PolicyModel
+          const micro = { microBatchSize: 8, padId: tokenizer.padId }
+          const before = SftTrainer.evaluate(model, held.examples, micro)
+          const summary = yield* SftTrainer.run({ config: config.sft, train: train.examples, eval: held.examples })
+          const after = SftTrainer.evaluate(model, held.examples, micro)
+          // the final checkpoint scores a held-out conversation exactly as the in-memory model
+          const loaded = yield* Effect.promise(() => Checkpoint.load(`${dir}/out/step-40`))
+          const reloadedTokenizer = yield* AutoTokenizer.load(`${dir}/out/step-40`)
+          const conversation = reverseRows(1, 2000)[0]!.messages as ReadonlyArray<Message>
+          const ids = reloadedTokenizer.applyChatTemplateIds(conversation, { addGenerationPrompt: false })
+          assert.deepStrictEqual(ids, tokenizer.applyChatTemplateIds(conversation, { addGenerationPrompt: false }))
+          const live = LogProbs.ofIds(model, ids)
+          const saved = LogProbs.ofIds(loaded.model, ids)
+          Transformer.dispose(loaded.model)
+          for (const [t, lp] of live.entries()) assert.closeTo(saved[t]!, lp, 1e-5)
+          return { summary, before, after }
+        }).pipe(Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)]))
+
+        console.log(JSON.stringify({ firstLoss: summary.firstLoss, trainLoss: summary.trainLoss, before, after }))
+        assert.strictEqual(summary.steps, 40)
+        assert.strictEqual(summary.epochs, 8) // 40 rows / 8 = 5 steps per epoch
+        assert.isBelow(summary.trainLoss, 0.5 * summary.firstLoss)
+        assert.isBelow(after, 0.5 * before) // held-out rows too
+        assert.closeTo(summary.evalLoss!, after, 1e-5)
+
+        const records = (yield* fs.readFileString(`${dir}/out/metrics.jsonl`))
+          .trim()
+          .split("\n")
+          .map((line) => JSON.parse(line) as SftTrainer.MetricsRecord)
+        assert.deepStrictEqual(
+          records.map((r) => r.step),
+          [5, 10, 15, 20, 25, 30, 35, 40]
+        )
+        assert.deepStrictEqual(
+          records.filter((r) => r["eval/loss"] !== undefined).map((r) => r.step),
+          [20, 40]
+        )
+        // warmup: step 1 runs at lr/4; the cosine ends at lr · min_lr_ratio
+        assert.closeTo(records[7]!["train/lr"], Optimizer.learningRate(config.sft.optimizer, 39, 40), 1e-12)
+        assert.isTrue(records.every((r) => Number.isFinite(r["train/loss"]) && r["train/tokens_per_second"] > 0))
+
+        assert.strictEqual(yield* fs.readFileString(`${dir}/out/latest`), "step-40")
+        const files = (yield* fs.readDirectory(`${dir}/out/step-20`)).sort()
+        assert.deepStrictEqual(files, [
+          "config.json",
+          "model.safetensors",
+          "tokenizer.json",
+          "tokenizer_config.json",
+          "trainer_state.json"
+        ])
+        const state = JSON.parse(yield* fs.readFileString(`${dir}/out/step-40/trainer_state.json`))
+        assert.strictEqual(state.step, 40)
+        assert.strictEqual(state.optimizer_step, 40)
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
+})
+
+describe("SftTrainer.trainStep", () => {
+  it("gives the same update whether the batch runs whole or in micro-batches of 1 (token-mean over the batch)", () => {
+    const tokenizer = ByteTokenizer.make()
+    const batch = reverseRows(3).map((row, i) => ({
+      ...SftDataset.tokenize(tokenizer, { messages: row.messages as ReadonlyArray<Message> }),
+      source: `row${i}`
+    }))
+    // uneven lengths, so a per-micro-batch mean would weigh tokens differently
+    batch[1] = { ...batch[1]!, ids: batch[1]!.ids.slice(0, 32), lossMask: batch[1]!.lossMask.slice(0, 32) }
+    const config = HfConfig.fromInit({
+      ...tinyInit,
+      rope_theta: 10000,
+      rms_norm_eps: 1e-6,
+      max_position_embeddings: 256,
+      tie_word_embeddings: true
+    })
+    const opt = {
+      lr: 0.01,
+      weight_decay: 0,
+      beta1: 0.9,
+      beta2: 0.999,
+      eps: 1e-8,
+      max_grad_norm: 0,
+      warmup_steps: 0,
+      scheduler: "constant",
+      min_lr_ratio: 0.1
+    } as const
+    const runWith = (microBatchSize: number) => {
+      const model = Transformer.init(config, 11)
+      const variables = Transformer.trainableVariables(model)
+      const optimizer = Optimizer.make(variables, opt)
+      const stats = SftTrainer.trainStep(model, optimizer, variables, batch, { microBatchSize, padId: 256, lr: 0.01 })
+      const weights = variables.map((v) => Array.from(v.dataSync()))
+      optimizer.dispose()
+      Transformer.dispose(model)
+      return { stats, weights }
+    }
+    const live = tf.memory().numTensors
+    const whole = runWith(3)
+    const split = runWith(1)
+    assert.strictEqual(tf.memory().numTensors, live) // nothing leaked
+    assert.closeTo(split.stats.loss, whole.stats.loss, 1e-5)
+    assert.closeTo(split.stats.gradNorm, whole.stats.gradNorm, 1e-4)
+    assert.strictEqual(whole.stats.lossTokens, 4 + 2 + 4) // row 1 is cut after two answer letters
+    for (const [i, w] of whole.weights.entries()) {
+      for (const [j, x] of w.entries()) assert.closeTo(split.weights[i]![j]!, x, 1e-5)
+    }
+  })
+})
+
+describe("sft command", () => {
+  it("trains from configs/sft-tiny.yaml and prints the summary as the last stdout line", () => {
+    const out = `${process.env["TMPDIR"] ?? "/tmp"}/sft-cli-${process.pid}`
+    const result = Cli.run(
+      ["sft", "--config", "configs/sft-tiny.yaml", "sft.max_steps=3", "sft.log_interval=1", `sft.output_dir=${out}`],
+      { timeoutMs: 60_000 }
+    )
+    assert.strictEqual(result.code, 0, result.stderr)
+    const summary = JSON.parse(result.lastLine)
+    assert.strictEqual(summary.event, "summary")
+    assert.strictEqual(summary.steps, 3)
+    assert.strictEqual(summary.outputDir, out)
+    assert.isTrue(Number.isFinite(summary.trainLoss) && Number.isFinite(summary.evalLoss))
+    assert.match(result.stderr, /sft step 3\/3 .* loss \d+\.\d+ .* lr .* tok\/s \d+ elapsed .* eta /)
+    assert.strictEqual(readFileSync(`${out}/latest`, "utf8"), "step-3")
+    rmSync(out, { recursive: true, force: true })
+  })
+})
