@@ -29,12 +29,15 @@ if (!torchAvailable) {
   )
 }
 
-const reference = (dir: string, ids: Array<Array<number>>, mask?: Array<Array<number>>): Array<Array<number>> => {
-  const out = execFileSync(python, [script, dir], {
-    input: JSON.stringify({ ids, ...(mask ? { mask } : {}) }),
-    encoding: "utf8"
-  })
-  return (JSON.parse(out) as { logprobs: Array<Array<number>> }).logprobs
+interface RefRequest {
+  readonly model: string
+  readonly ids: Array<Array<number>>
+  readonly mask?: Array<Array<number>>
+}
+/** All requests in one Python process (importing torch takes seconds). */
+const reference = (requests: ReadonlyArray<RefRequest>): Array<Array<Array<number>>> => {
+  const out = execFileSync(python, [script], { input: JSON.stringify(requests), encoding: "utf8" })
+  return (JSON.parse(out) as Array<{ logprobs: Array<Array<number>> }>).map((r) => r.logprobs)
 }
 
 /** Random HF-layout weights with O(1) logits (std 0.02 would make every distribution nearly uniform). */
@@ -97,24 +100,45 @@ const cases = [
   }
 ] as const
 
+const raggedIds = [
+  [0, 0, 0, 5, 9, 13, 2, 40, 41],
+  [7, 8, 9, 10, 11, 12, 13, 14, 15]
+]
+const raggedMask = [
+  [0, 0, 0, 1, 1, 1, 1, 1, 1],
+  [1, 1, 1, 1, 1, 1, 1, 1, 1]
+]
+const idsOf = (i: number, vocab: number) => {
+  const prng = Prng.make(i)
+  return Array.from({ length: 24 }, () => Math.floor(prng.next() * vocab))
+}
+
 describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference of HF's forward", () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "model-ref-"))
-  beforeAll(() => Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })))
+  const dirOf = (i: number) => path.join(tmp, `case${i}`)
+  let expected: Array<Array<Array<number>>> = []
+  beforeAll(async () => {
+    await Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" }))
+    for (const [i, c] of cases.entries()) {
+      const built = randomModel(ModelConfig.fromInit(c.init), 100 + i)
+      await Checkpoint.save(built, dirOf(i), { dtype: c.dtype })
+      Transformer.dispose(built)
+    }
+    expected = reference([
+      ...cases.map((c, i) => ({ model: dirOf(i), ids: [idsOf(i, c.init.vocab_size)] })),
+      { model: dirOf(0), ids: raggedIds, mask: raggedMask }
+    ])
+  })
   afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
 
   cases.forEach((c, i) => {
     it(`${c.name}: every token's log-prob within 1e-4`, async () => {
-      const dir = path.join(tmp, `case${i}`)
-      const built = randomModel(ModelConfig.fromInit(c.init), 100 + i)
-      await Checkpoint.save(built, dir, { dtype: c.dtype })
-      Transformer.dispose(built)
-      const { model } = await Checkpoint.load(dir)
-      const prng = Prng.make(i)
-      const ids = Array.from({ length: 24 }, () => Math.floor(prng.next() * c.init.vocab_size))
+      const { model } = await Checkpoint.load(dirOf(i))
+      const ids = idsOf(i, c.init.vocab_size)
       const ours = LogProbs.ofIds(model, ids)
       // the function behind `model logprobs --model DIR --ids ...` gives the same numbers
-      assert.deepStrictEqual(await Effect.runPromise(ModelCommand.logprobs(dir, ids)), ours)
-      const theirs = reference(dir, [ids])[0]!.slice(1)
+      assert.deepStrictEqual(await Effect.runPromise(ModelCommand.logprobs(dirOf(i), ids)), ours)
+      const theirs = expected[i]![0]!.slice(1)
       assert.strictEqual(ours.length, 23)
       const maxErr = Math.max(...ours.map((v, t) => Math.abs(v - theirs[t]!)))
       assert.isBelow(maxErr, 1e-4, `max |Δ logp| = ${maxErr}`)
@@ -125,20 +149,11 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
   })
 
   it("a left-padded ragged batch matches the reference row by row (positions from the mask)", async () => {
-    const dir = path.join(tmp, "case0")
-    const { model } = await Checkpoint.load(dir)
-    const ids = [
-      [0, 0, 0, 5, 9, 13, 2, 40, 41],
-      [7, 8, 9, 10, 11, 12, 13, 14, 15]
-    ]
-    const mask = [
-      [0, 0, 0, 1, 1, 1, 1, 1, 1],
-      [1, 1, 1, 1, 1, 1, 1, 1, 1]
-    ]
-    const { logprobs } = LogProbs.ofSequences(model, { ids, attentionMask: mask })
+    const { model } = await Checkpoint.load(dirOf(0))
+    const { logprobs } = LogProbs.ofSequences(model, { ids: raggedIds, attentionMask: raggedMask })
     const ours = (await logprobs.array()) as Array<Array<number>>
     logprobs.dispose()
-    const theirs = reference(dir, ids, mask)
+    const theirs = expected[cases.length]!
     // and the padded row equals the unpadded sequence alone
     const alone = LogProbs.ofIds(model, [5, 9, 13, 2, 40, 41])
     for (let t = 4; t < 9; t++) {
