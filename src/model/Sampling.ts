@@ -96,53 +96,91 @@ export const pick = (
       argmax = i
     }
   }
-  let rawSum = 0
-  for (let i = 0; i < V; i++) rawSum += Math.exp(z[i]! - zMax)
-  const rawLogprob = (token: number): number => z[token]! - zMax - Math.log(rawSum)
+  const rawLogprob = (token: number): number => {
+    let rawSum = 0
+    for (let i = 0; i < V; i++) rawSum += Math.exp(z[i]! - zMax)
+    return z[token]! - zMax - Math.log(rawSum)
+  }
   if (params.temperature <= 0) return { token: argmax, logprob: rawLogprob(argmax) }
 
   const tau = params.temperature
-  // candidates: every token, or the top-k / nucleus set sorted by logit (descending)
-  const truncate = (params.topK > 0 && params.topK < V) || params.topP < 1
-  let candidates: Array<number> | Int32Array
-  if (truncate) {
-    const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => z[b]! - z[a]! || a - b)
-    candidates = params.topK > 0 && params.topK < V ? order.slice(0, params.topK) : order
+  const w = new Float64Array(V) // unnormalised softmax(z / τ)
+  let totalAll = 0
+  for (let i = 0; i < V; i++) {
+    w[i] = Math.exp((z[i]! - zMax) / tau)
+    totalAll += w[i]!
+  }
+  const useTopK = params.topK > 0 && params.topK < V
+  const useTopP = params.topP < 1
+  // candidates: every token, or (truncating) a prefix of the tokens sorted by logit that provably contains the top-k
+  // and nucleus sets; `setTotal` is the mass of the whole top-k set (or of all tokens) that top-p fractions refer to.
+  let candidates: ArrayLike<number>
+  let setTotal = totalAll
+  if (!useTopK && !useTopP) {
+    candidates = { length: V } as ArrayLike<number>
   } else {
-    candidates = Int32Array.from({ length: V }, (_, i) => i)
+    candidates = sortedPrefix(z, w, totalAll, useTopK ? params.topK : 0, params.topP)
+    if (useTopK) {
+      candidates = Array.prototype.slice.call(candidates, 0, params.topK) as Array<number>
+      setTotal = 0
+      for (let i = 0; i < candidates.length; i++) setTotal += w[candidates[i]!]!
+    }
   }
-  const weights = new Float64Array(candidates.length)
-  let total = 0
-  for (let i = 0; i < candidates.length; i++) {
-    weights[i] = Math.exp((z[candidates[i]!]! - zMax) / tau)
-    total += weights[i]!
-  }
+  const idx = (i: number): number => (useTopK || useTopP ? candidates[i]! : i)
   let kept = candidates.length
-  if (params.topP < 1) {
+  let total = setTotal
+  if (useTopP) {
     // keep the smallest prefix whose mass reaches topP (at least one token)
     let mass = 0
     for (let i = 0; i < candidates.length; i++) {
-      mass += weights[i]! / total
-      if (mass >= params.topP) {
+      mass += w[idx(i)]!
+      if (mass >= params.topP * setTotal) {
         kept = i + 1
         break
       }
     }
     total = 0
-    for (let i = 0; i < kept; i++) total += weights[i]!
+    for (let i = 0; i < kept; i++) total += w[idx(i)]!
   }
   const u = prng.next() * total
   let acc = 0
-  let chosen = kept - 1
+  let token = idx(kept - 1)
   for (let i = 0; i < kept; i++) {
-    acc += weights[i]!
+    acc += w[idx(i)]!
     if (u < acc) {
-      chosen = i
+      token = idx(i)
       break
     }
   }
-  const token = candidates[chosen]!
-  return { token, logprob: mode === "raw" ? rawLogprob(token) : Math.log(weights[chosen]! / total) }
+  return { token, logprob: mode === "raw" ? rawLogprob(token) : Math.log(w[token]! / total) }
+}
+
+/**
+ * The tokens above a logit threshold, sorted by logit (descending, ties by id): a prefix of the full sorted order.
+ * Tries thresholds w ≥ 1e-4 and w ≥ 1e-12 (relative to the top token) before sorting everything, and accepts a prefix
+ * only when it provably holds the top-k set (≥ k tokens) or, without top-k, the nucleus (mass ≥ topP). Exact, and
+ * avoids sorting a 150k vocabulary every step.
+ */
+const sortedPrefix = (
+  z: Float32Array,
+  w: Float64Array,
+  totalAll: number,
+  topK: number,
+  topP: number
+): Array<number> => {
+  const byLogit = (a: number, b: number) => z[b]! - z[a]! || a - b
+  for (const eps of [1e-4, 1e-12]) {
+    const prefix: Array<number> = []
+    let mass = 0
+    for (let i = 0; i < w.length; i++) {
+      if (w[i]! >= eps) {
+        prefix.push(i)
+        mass += w[i]!
+      }
+    }
+    if (topK > 0 ? prefix.length >= topK : mass >= topP * totalAll) return prefix.sort(byLogit)
+  }
+  return Array.from({ length: w.length }, (_, i) => i).sort(byLogit)
 }
 
 /** What produces next-token logits for the active rows: the KV cache or the recompute-everything reference. */

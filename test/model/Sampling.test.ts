@@ -161,4 +161,39 @@ describe("Sampling.pick", () => {
     const raw = Sampling.pick(z, { temperature: 2, topK: 1, topP: 1 }, prng, "raw")
     assert.approximately(raw.logprob, Math.log(0.5), 1e-6)
   })
+  it("on a 5000-token vocabulary, top-k ∘ top-p draws from the exact nucleus with its renormalised log-prob", () => {
+    const gen = Prng.make(7)
+    const big = Float32Array.from({ length: 5000 }, () => 3 * gen.normal())
+    // naive reference: full sort, softmax(z/τ) over the top k, then the smallest prefix reaching p
+    const naive = (tau: number, k: number, p: number): Map<number, number> => {
+      const order = Array.from({ length: big.length }, (_, i) => i).sort((a, b) => big[b]! - big[a]! || a - b)
+      const top = k > 0 ? order.slice(0, k) : order
+      const w = top.map((i) => Math.exp(big[i]! / tau))
+      const sum = w.reduce((x, y) => x + y, 0)
+      let mass = 0
+      let kept = top.length
+      for (let i = 0; i < top.length; i++) {
+        mass += w[i]! / sum
+        if (mass >= p) {
+          kept = i + 1
+          break
+        }
+      }
+      const keptSum = w.slice(0, kept).reduce((x, y) => x + y, 0)
+      return new Map(top.slice(0, kept).map((id, i) => [id, Math.log(w[i]! / keptSum)]))
+    }
+    for (const [tau, k, p] of [
+      [0.7, 0, 0.9],
+      [1.5, 200, 0.95],
+      [1, 40, 1]
+    ] as const) {
+      const expected = naive(tau, k, p)
+      const prng = Prng.make(1)
+      for (let i = 0; i < 50; i++) {
+        const { token, logprob } = Sampling.pick(big, { temperature: tau, topK: k, topP: p }, prng)
+        assert.isTrue(expected.has(token), `token ${token} outside the nucleus (τ ${tau}, k ${k}, p ${p})`)
+        assert.approximately(logprob, expected.get(token)!, 1e-9)
+      }
+    }
+  })
 })
