@@ -14,6 +14,7 @@ import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import type { RunConfig } from "../src/config/RunConfig.ts"
 import type { ToolCallRecord } from "../src/domain/ToolCall.ts"
 import * as EnvRegistry from "../src/env/EnvRegistry.ts"
+import * as MathEnv from "../src/env/MathEnv.ts"
 import * as McpClient from "../src/env/McpClient.ts"
 import * as McpToolEnv from "../src/env/McpToolEnv.ts"
 import * as ToolIo from "../src/env/ToolIo.ts"
@@ -73,12 +74,17 @@ const toolIo = (c: RunConfig) => {
   return live.pipe(Layer.provide(McpClient.layerFromConfig(c.environment)))
 }
 
-/** Environments: the registry with the built-in `mcp_tool` class. */
-export const environments = (c: RunConfig) =>
-  McpToolEnv.layer(McpToolEnv.optionsFromConfig(c.environment, c.generator)).pipe(
-    Layer.provideMerge(EnvRegistry.layer()),
-    Layer.provide(toolIo(c))
-  )
+/**
+ * Environments: the registry with the built-in classes (`math`, and `mcp_tool` when MCP servers are configured or
+ * tool I/O is replayed).
+ */
+export const environments = (c: RunConfig) => {
+  const mcp =
+    c.environment.mcp_servers.length > 0 || c.environment.tool_io === "replay"
+      ? McpToolEnv.layer(McpToolEnv.optionsFromConfig(c.environment, c.generator)).pipe(Layer.provide(toolIo(c)))
+      : Layer.empty
+  return Layer.mergeAll(mcp, MathEnv.layer).pipe(Layer.provideMerge(EnvRegistry.layer()))
+}
 
 /** Everything a training run needs. Initialises the tensor backend before any tensor exists. */
 export const training = (c: RunConfig, options: RunOptions) =>

@@ -1,6 +1,6 @@
 /**
- * `train --config FILE [--run-dir DIR] [--resume latest|PATH] [key.path=value ...]`: the synchronous GRPO/PPO loop
- * (SyncPipeline). Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
+ * `train --config FILE [--run-dir DIR] [--resume latest|PATH] [key.path=value ...]`: the GRPO/PPO loop, synchronous
+ * (SyncPipeline) or fully async (AsyncPipeline, `pipeline.mode: async`). Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
  * checkpoints/) and ends with one JSON summary line on stdout:
  * `{"event":"summary","steps":…,"seconds":…,"runDir":…,"evalBefore":{…},"evalAfter":{…}}`.
  */
@@ -13,6 +13,7 @@ import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as AsyncPipeline from "../pipeline/AsyncPipeline.ts"
 import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
 import * as RunFlags from "./RunFlags.ts"
 
@@ -53,18 +54,11 @@ export const command = Command.make(
     const config = yield* RunFlags.load(file, overrides)
     const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
     const resume = Option.getOrUndefined(resumeFlag) ?? config.checkpoint.resume
-    if (config.pipeline.mode !== "sync") {
-      return yield* new ConfigError({
-        file,
-        path: "pipeline.mode",
-        message: "pipeline.mode: async is not available in this build yet; use sync"
-      })
-    }
     if (config.data.train.length === 0) {
       return yield* new ConfigError({ file, path: "data.train", message: "data.train: no training files given" })
     }
     const train = yield* readRows(config.data.train, config.data.max_prompts)
-    const val = yield* readRows(config.data.val)
+    const val = yield* readRows(config.data.val, config.data.max_eval_prompts)
     const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
     if (resume !== undefined && resumeFrom === undefined)
       yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)
@@ -74,7 +68,8 @@ export const command = Command.make(
       await fs.writeFile(path.join(runDir, "config.yaml"), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
     }).pipe(Effect.orDie)
     yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
-    const summary = yield* SyncPipeline.run({
+    const pipeline = config.pipeline.mode === "async" ? AsyncPipeline.run : SyncPipeline.run
+    const summary = yield* pipeline({
       config,
       runDir,
       train,

@@ -29,6 +29,8 @@ export const EnvironmentConfig = Schema.Struct({
   env_class: Schema.optionalKey(Schema.NonEmptyString), // used when a dataset row names none
   mcp_servers: Schema.Array(McpServerConfig).pipe(withDefault([])),
   tool_call_format: Schema.Literals(["auto", "hermes", "json", "xml", "react"]).pipe(withDefault("auto")),
+  // how tools are shown: system (JSON schema lines), compact (name(args): description), template (chat template)
+  tool_prompt: Schema.Literals(["system", "compact", "template"]).pipe(withDefault("system")),
   max_result_chars: PositiveInt.pipe(withDefault(4096)),
   tool_io: Schema.Literals(["live", "record", "replay"]).pipe(withDefault("live")),
   replay_from: Schema.optionalKey(Schema.NonEmptyString), // episodes.jsonl whose tool results `replay` serves

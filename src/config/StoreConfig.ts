@@ -21,6 +21,7 @@ export const DataConfig = Schema.Struct({
   train: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])), // .json, .jsonl or .parquet files
   val: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])),
   shuffle: Schema.Boolean.pipe(withDefault(true)),
-  max_prompts: Schema.optionalKey(PositiveInt)
+  max_prompts: Schema.optionalKey(PositiveInt), // use only the first N training prompts
+  max_eval_prompts: Schema.optionalKey(PositiveInt) // evaluate on the first N held-out prompts
 })
 export type DataConfig = typeof DataConfig.Type

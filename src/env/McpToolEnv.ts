@@ -1,9 +1,10 @@
 /**
  * `mcp_tool`: a multi-turn tool-use environment over MCP servers (through `ToolIo`: live, record or replay).
  *
- * init: adds a system message listing the tools (name, description, JSON schema) and how to call them in the
- *   configured format, unless `toolsInSystemPrompt` is off (the chat template renders `metadata.tools` instead);
- *   `metadata.tools` always holds the tools in OpenAI function format.
+ * init: adds a system message listing the tools (`toolPrompt: system`: name, description, JSON schema; `compact`:
+ *   `name(args): description`) and how to call them in the configured format; or, with `toolPrompt: template`,
+ *   no system text and the tools in `metadata.tools` (OpenAI function format) for the chat template to render.
+ *   Only one of the two is ever given, so the tools are never listed twice.
  * step: parses the model's text (`ToolCallParser`), runs each call in order, answers with one `tool` message per
  *   call. The episode ends on a final answer (text without a tool call, or `<answer>…</answer>`), after `max_turns`
  *   steps, or when the reward function says so. Parse failures and tool errors become observations (`Error: …`),
@@ -29,14 +30,24 @@ export const envClass = "mcp_tool"
 export interface McpToolEnvOptions {
   readonly toolCallFormat: ToolCallParser.Format
   readonly maxTurns: number
-  /** List the tools in a system message (default true). Off when the chat template renders `metadata.tools`. */
-  readonly toolsInSystemPrompt?: boolean
+  /**
+   * How the policy learns the tools (default `system`):
+   * - `system`: a system message lists each tool's JSON schema, one per line;
+   * - `compact`: a system message lists `name(arg, ...): description`, one per line (tiny byte-level models);
+   * - `template`: no system text; `metadata.tools` goes to the chat template, which renders them its own way
+   *   (what a pretrained Qwen/Llama model was trained on).
+   */
+  readonly toolPrompt?: "system" | "compact" | "template"
 }
 
 export const optionsFromConfig = (
   env: EnvironmentConfig,
   generator: { readonly max_turns: number }
-): McpToolEnvOptions => ({ toolCallFormat: env.tool_call_format, maxTurns: generator.max_turns })
+): McpToolEnvOptions => ({
+  toolCallFormat: env.tool_call_format,
+  maxTurns: generator.max_turns,
+  toolPrompt: env.tool_prompt
+})
 
 /** The tool list in OpenAI function format. */
 export const functionTools = (tools: ReadonlyArray<McpTool>): ReadonlyArray<FunctionTool> =>
@@ -58,10 +69,21 @@ const example = (tools: ReadonlyArray<McpTool>, format: ToolCallParser.WriteForm
   return ToolCallParser.toText({ name: first?.name ?? "tool", arguments: args }, format)
 }
 
-/** The system text that teaches the tools and the call format. */
-export const systemPrompt = (tools: ReadonlyArray<McpTool>, format: ToolCallParser.Format): string => {
+/** `name(arg, arg): description`: one short line per tool. */
+export const compactLine = (tool: McpTool): string => {
+  const props = Object.keys((tool.inputSchema["properties"] ?? {}) as Record<string, unknown>)
+  return `${tool.name}(${props.join(", ")})${tool.description === "" ? "" : `: ${tool.description}`}`
+}
+
+/** The system text that teaches the tools and the call format (`compact`: one short line per tool). */
+export const systemPrompt = (
+  tools: ReadonlyArray<McpTool>,
+  format: ToolCallParser.Format,
+  style: "system" | "compact" = "system"
+): string => {
   const write: ToolCallParser.WriteFormat = format === "auto" ? "hermes" : format
-  const lines = functionTools(tools).map((t) => JSON.stringify(t.function))
+  const lines =
+    style === "compact" ? tools.map(compactLine) : functionTools(tools).map((t) => JSON.stringify(t.function))
   const answer = write === "react" ? "Final Answer: …" : "<answer>…</answer>"
   return [
     "You can call these tools:",
@@ -98,21 +120,25 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
     new EnvError({ envClass, reason, message, cause })
 
   const init = (prompt: ReadonlyArray<Message>): Effect.Effect<InitResult, EnvError> =>
-    Effect.sync(() => ({
-      messages:
-        options.toolsInSystemPrompt === false ? prompt : withSystem(prompt, systemPrompt(session.tools, format)),
-      metadata: { tools: functionTools(session.tools) }
-    }))
+    Effect.sync(() => {
+      const style = options.toolPrompt ?? "system"
+      return style === "template"
+        ? { messages: prompt, metadata: { tools: functionTools(session.tools) } }
+        : { messages: withSystem(prompt, systemPrompt(session.tools, format, style)), metadata: {} }
+    })
 
+  const noReward = Effect.succeed<Rewards.RewardResult>({ reward: 0, metrics: {} })
   const reward = (finalAnswer: string | undefined, stepCalls: ReadonlyArray<ToolCallRecord>, isDone: boolean) =>
-    Rewards.evaluate(row.reward_spec, {
-      calls,
-      finalAnswer,
-      turn: turn - 1,
-      done: isDone,
-      stepCalls,
-      parseFailures: counters.parseFailures
-    }).pipe(Effect.mapError((e) => fail("Reward", e.message, e)))
+    row.reward_spec === undefined
+      ? noReward
+      : Rewards.evaluate(row.reward_spec, {
+          calls,
+          finalAnswer,
+          turn: turn - 1,
+          done: isDone,
+          stepCalls,
+          parseFailures: counters.parseFailures
+        }).pipe(Effect.mapError((e) => fail("Reward", e.message, e)))
 
   const step = (actionText: string): Effect.Effect<StepResult, EnvError> =>
     Effect.gen(function* () {

@@ -52,7 +52,7 @@ const LiveEnvs = McpToolEnv.layer(options).pipe(
 )
 
 layer(LiveEnvs, { excludeTestServices: true })("McpToolEnv (live toolbox, record mode)", (it) => {
-  it.effect("init adds a system message listing the tools and exposes them in OpenAI function format", () =>
+  it.effect("init adds a system message listing the tools' JSON schemas (toolPrompt system), not metadata.tools", () =>
     Effect.gen(function* () {
       const env = yield* (yield* EnvRegistry.EnvRegistry).make("mcp_tool", pensRow)
       const { messages, metadata } = yield* env.init(pensRow.prompt)
@@ -61,6 +61,15 @@ layer(LiveEnvs, { excludeTestServices: true })("McpToolEnv (live toolbox, record
       assert.match(messages[0]!.content, /"name":"find_customer"/)
       assert.match(messages[0]!.content, /<tool_call>/)
       assert.deepStrictEqual(messages[1], pensRow.prompt[0])
+      assert.isUndefined(metadata.tools) // listed once: a chat template must not render them again
+    })
+  )
+
+  it.effect("toolPrompt template leaves the prompt alone and hands the chat template the tools in OpenAI form", () =>
+    Effect.gen(function* () {
+      const env = yield* McpToolEnv.make(pensRow, { ...options, toolPrompt: "template" })
+      const { messages, metadata } = yield* env.init(pensRow.prompt)
+      assert.deepStrictEqual(messages, pensRow.prompt)
       assert.strictEqual(metadata.tools?.length, 11)
       assert.deepStrictEqual(metadata.tools?.[0], {
         type: "function",
@@ -77,6 +86,18 @@ layer(LiveEnvs, { excludeTestServices: true })("McpToolEnv (live toolbox, record
           }
         }
       })
+    })
+  )
+
+  it.effect("toolPrompt compact lists one `name(args): description` line per tool", () =>
+    Effect.gen(function* () {
+      const env = yield* McpToolEnv.make(pensRow, { ...options, toolPrompt: "compact" })
+      const { messages } = yield* env.init(pensRow.prompt)
+      const system = messages[0]!.content
+      assert.include(system, "\nadd(a, b): a + b\n")
+      assert.include(system, "find_customer(name)")
+      assert.notInclude(system, '"type"')
+      assert.isBelow(system.length, 900)
     })
   )
 
