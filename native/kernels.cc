@@ -10,6 +10,7 @@
 #include <node_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -47,7 +48,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
-      generation_++;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto& t : workers_) t.join();
@@ -66,21 +67,38 @@ class Pool {
       return;
     }
     std::lock_guard<std::mutex> caller(callers_);  // one job at a time (several worker_threads may load the addon)
-    std::unique_lock<std::mutex> lock(mutex_);
     job_ = &f;
     jobN_ = n;
     jobParts_ = parts;
-    pending_ = parts - 1;
-    generation_++;
-    lock.unlock();
+    pending_.store(parts - 1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
     wake_.notify_all();
     runPart(0);
-    lock.lock();
-    done_.wait(lock, [this] { return pending_ == 0; });
+    // Workers usually finish with us: spin briefly before sleeping.
+    if (!spinUntil([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
     job_ = nullptr;
   }
 
  private:
+  // Kernels come back to back during a training step, so a worker spins ~50 µs for the next job before it sleeps.
+  template <typename Pred>
+  static bool spinUntil(Pred done) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0;; i++) {
+      if (done()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if ((i & 63) == 63 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(50)) return false;
+    }
+  }
+
   void runPart(int part) {
     int64_t begin = jobN_ * part / jobParts_;
     int64_t end = jobN_ * (part + 1) / jobParts_;
@@ -88,17 +106,21 @@ class Pool {
   }
 
   void loop(int w) {
-    uint64_t seen = 0;
+    uint64_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
+      if (!spinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      }
+      seen = generation_.load(std::memory_order_acquire);
       if (stop_) return;
-      if (job_ == nullptr || w >= jobParts_) continue;
-      lock.unlock();
-      runPart(w);
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
+      if (w < jobParts_) {
+        runPart(w);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          done_.notify_one();
+        }
+      }
     }
   }
 
@@ -106,12 +128,12 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex mutex_, callers_;
   std::condition_variable wake_, done_;
-  uint64_t generation_ = 0;
+  std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t jobN_ = 0;
   int jobParts_ = 0;
-  int pending_ = 0;
+  std::atomic<int> pending_{0};
 };
 
 Pool pool;
@@ -201,27 +223,26 @@ void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const
 }
 #endif
 
-// One matmul of the batch, all rows. With OpenBLAS the library threads it; without, rows are split over the pool.
-void gemmOne(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C, bool parallel) {
+// Rows [rowBegin, rowEnd) of one matmul, on the calling thread. OpenBLAS runs single-threaded (set at load):
+// the pool splits rows or batches, so two thread pools never fight over the cores.
+void gemmRows(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C, int rowBegin,
+              int rowEnd) {
   int lda = ta ? M : K;
   int ldb = tb ? K : N;
+  int rows = rowEnd - rowBegin;
+  if (rows <= 0) return;
   if (K == 0) {
-    std::memset(C, 0, sizeof(float) * (size_t)M * N);
+    std::memset(C + (int64_t)rowBegin * N, 0, sizeof(float) * (size_t)rows * N);
     return;
   }
+  // Row i of op(A) starts at A + i·lda (not transposed) or at column i of the stored [K, M] (transposed).
+  const float* a = ta ? A + rowBegin : A + (int64_t)rowBegin * lda;
 #ifdef EFFECT_RL_OPENBLAS
-  (void)parallel;
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B,
-              ldb, 0.0f, C, N);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, rows, N, K, 1.0f, a, lda,
+              B, ldb, 0.0f, C + (int64_t)rowBegin * N, N);
 #else
-  if (parallel) {
-    int blocks = (M + 3) / 4;
-    pool.parallelFor(blocks, std::max<int64_t>(1, 16384 / std::max(1, N * K / 4 + 1)), [&](int64_t b0, int64_t b1) {
-      sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, N, (int)b0 * 4, (int)std::min<int64_t>(M, b1 * 4));
-    });
-  } else {
-    sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, N, 0, M);
-  }
+  (void)a;
+  sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, N, rowBegin, rowEnd);
 #endif
 }
 
@@ -311,6 +332,10 @@ struct Heap {
   bool contains(int64_t offset, int64_t count) const {
     return offset >= 0 && count >= 0 && (uint64_t)offset + (uint64_t)count * 4 <= length && offset % 4 == 0;
   }
+  bool containsBytes(int64_t offset, int64_t count, int elemBytes) const {
+    return offset >= 0 && count >= 0 && (uint64_t)offset + (uint64_t)count * elemBytes <= length &&
+           offset % elemBytes == 0;
+  }
   float* f32(int64_t offset) const { return reinterpret_cast<float*>(base + offset); }
   int32_t* i32(int64_t offset) const { return reinterpret_cast<int32_t*>(base + offset); }
 };
@@ -370,27 +395,454 @@ napi_value Matmul(napi_env env, napi_callback_info info) {
   const float* B = heap.f32(bOff);
   float* C = heap.f32(outOff);
   const float* bias = biasOff >= 0 ? heap.f32(biasOff) : nullptr;
-  auto one = [&](int64_t b, bool parallel) {
+  auto rowsOf = [&](int64_t b, int r0, int r1) {
     int64_t ia = aIndex ? aIndex[b] : b * aStride;
     int64_t ib = bIndex ? bIndex[b] : b * bStride;
-    gemmOne(ta, tb, M, N, K, A + ia, B + ib, C + b * cSize, parallel);
+    gemmRows(ta, tb, M, N, K, A + ia, B + ib, C + b * cSize, r0, r1);
   };
-#ifdef EFFECT_RL_OPENBLAS
-  for (int64_t b = 0; b < batch; b++) one(b, true);
-#else
-  if (batch >= pool.size() && batch > 1) {
-    pool.parallelFor(batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; b++) one(b, false);
+  int64_t flops = (int64_t)M * N * std::max(K, 1);
+  if (batch >= pool.size()) {
+    // Whole matrices per thread.
+    pool.parallelFor(batch, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, flops)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; b++) rowsOf(b, 0, M);
     });
   } else {
-    for (int64_t b = 0; b < batch; b++) one(b, true);
+    // Row blocks of 16 per thread (the SGEMM micro-kernels work on row multiples of 4–16).
+    int64_t blocks = (M + 15) / 16;
+    int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (int64_t)16 * N * std::max(K, 1)));
+    for (int64_t b = 0; b < batch; b++) {
+      pool.parallelFor(blocks, grain, [&](int64_t k0, int64_t k1) {
+        rowsOf(b, (int)(k0 * 16), (int)std::min<int64_t>(M, k1 * 16));
+      });
+    }
   }
-#endif
   if (bias != nullptr || act != kLinear) {
     int64_t rows = batch * M;
     pool.parallelFor(rows, std::max<int64_t>(1, 8192 / std::max(1, N)),
                      [&](int64_t r0, int64_t r1) { epilogue(C + r0 * N, r1 - r0, N, bias, act, alpha); });
   }
+  return undefinedValue(env);
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// Element-wise, reductions, layout. Shapes arrive collapsed by the JS side to at most 4 dims.
+
+// exp(x) for float32, branch-free so loops over it vectorise: x = n·ln2 + r, |r| ≤ ln2/2, exp(r) by a degree-6
+// Taylor/minimax polynomial (max relative error ~2e-7), times 2^n built in the exponent bits.
+inline float fastExp(float x) {
+  float input = x;
+  x = std::min(88.3762626647949f, std::max(-87.3365447504f, x));
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  float y = p * scale;
+  y = input > 88.72283935546875f ? INFINITY : y;  // overflow, as expf
+  y = input < -87.3365447504f ? 0.0f : y;          // underflow (denormals flushed)
+  return input != input ? input : y;               // NaN propagates
+}
+
+enum BinaryOp { kAdd = 0, kSub = 1, kMul = 2, kDiv = 3, kMax = 4, kMin = 5, kSquaredDiff = 6, kPow = 7 };
+enum CompareOp { kEqual = 0, kNotEqual = 1, kGreater = 2, kGreaterEqual = 3, kLess = 4, kLessEqual = 5 };
+
+template <int Op>
+inline float binaryValue(float a, float b) {
+  if (Op == kAdd) return a + b;
+  if (Op == kSub) return a - b;
+  if (Op == kMul) return a * b;
+  if (Op == kDiv) return a / b;
+  if (Op == kMax) return a > b || std::isnan(a) ? a : b;
+  if (Op == kMin) return a < b || std::isnan(a) ? a : b;
+  if (Op == kSquaredDiff) return (a - b) * (a - b);
+  return std::pow(a, b);
+}
+
+template <int Op>
+inline uint8_t compareValue(float a, float b) {
+  if (Op == kEqual) return a == b;
+  if (Op == kNotEqual) return a != b;
+  if (Op == kGreater) return a > b;
+  if (Op == kGreaterEqual) return a >= b;
+  if (Op == kLess) return a < b;
+  return a <= b;
+}
+
+// One row of n outputs; sa/sb ∈ {0, 1} in the common cases, which get their own (vectorisable) loops.
+template <typename Out, typename F>
+inline void row(Out* out, const float* a, const float* b, int64_t n, int64_t sa, int64_t sb, F f) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; i++) out[i] = f(a[i], b[i]);
+  } else if (sa == 1 && sb == 0) {
+    float bv = b[0];
+    for (int64_t i = 0; i < n; i++) out[i] = f(a[i], bv);
+  } else if (sa == 0 && sb == 1) {
+    float av = a[0];
+    for (int64_t i = 0; i < n; i++) out[i] = f(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; i++) out[i] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+struct Shape4 {
+  int64_t d[4];
+  int64_t sa[4];
+  int64_t sb[4];
+  int64_t size() const { return d[0] * d[1] * d[2] * d[3]; }
+};
+
+// out[i0,i1,i2,i3] = f(a[Σ ik·sa_k], b[Σ ik·sb_k]), out contiguous; split over rows (i0,i1,i2).
+template <typename Out, typename F>
+void broadcastApply(Out* out, const float* a, const float* b, const Shape4& s, F f) {
+  int64_t rows = s.d[0] * s.d[1] * s.d[2];
+  int64_t n = s.d[3];
+  pool.parallelFor(rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, n)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      int64_t i2 = r % s.d[2];
+      int64_t i1 = (r / s.d[2]) % s.d[1];
+      int64_t i0 = r / (s.d[2] * s.d[1]);
+      int64_t oa = i0 * s.sa[0] + i1 * s.sa[1] + i2 * s.sa[2];
+      int64_t ob = i0 * s.sb[0] + i1 * s.sb[1] + i2 * s.sb[2];
+      row(out + r * n, a + oa, b + ob, n, s.sa[3], s.sb[3], f);
+    }
+  });
+}
+
+bool readShape4(Args& args, size_t first, Shape4* s) {
+  for (int k = 0; k < 4; k++) {
+    s->d[k] = args.i64(first + k);
+    s->sa[k] = args.i64(first + 4 + k);
+    s->sb[k] = args.i64(first + 8 + k);
+  }
+  return args.ok;
+}
+
+// Largest element offset reached through strides, + 1.
+int64_t extent(const Shape4& s, const int64_t* strides) {
+  int64_t e = 0;
+  for (int k = 0; k < 4; k++) {
+    if (s.d[k] == 0) return 0;
+    e += (s.d[k] - 1) * strides[k];
+  }
+  return e + 1;
+}
+
+// binary(heap, op, compare, aOff, bOff, outOff, d0..d3, sa0..sa3, sb0..sb3): float32 inputs; output float32
+// (compare = false) or bool bytes (compare = true).
+napi_value Binary(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int op = (int)args.i64(1);
+  bool compare = args.flag(2);
+  int64_t aOff = args.i64(3), bOff = args.i64(4), outOff = args.i64(5);
+  Shape4 s;
+  if (!readShape4(args, 6, &s)) return nullptr;
+  int64_t size = s.size();
+  if (!heap.contains(aOff, extent(s, s.sa)) || !heap.contains(bOff, extent(s, s.sb)) ||
+      !heap.containsBytes(outOff, size, compare ? 1 : 4)) {
+    args.fail("binary: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* a = heap.f32(aOff);
+  const float* b = heap.f32(bOff);
+  if (compare) {
+    uint8_t* out = heap.base + outOff;
+    switch (op) {
+#define CMP(OP) \
+  case OP:      \
+    broadcastApply(out, a, b, s, compareValue<OP>); \
+    break;
+      CMP(kEqual) CMP(kNotEqual) CMP(kGreater) CMP(kGreaterEqual) CMP(kLess) CMP(kLessEqual)
+#undef CMP
+      default:
+        args.fail("binary: unknown compare op");
+    }
+  } else {
+    float* out = heap.f32(outOff);
+    switch (op) {
+#define BIN(OP) \
+  case OP:      \
+    broadcastApply(out, a, b, s, binaryValue<OP>); \
+    break;
+      BIN(kAdd) BIN(kSub) BIN(kMul) BIN(kDiv) BIN(kMax) BIN(kMin) BIN(kSquaredDiff) BIN(kPow)
+#undef BIN
+      default:
+        args.fail("binary: unknown op");
+    }
+  }
+  return args.ok ? undefinedValue(env) : nullptr;
+}
+
+enum UnaryOp {
+  kExp = 0, kLog = 1, kSqrt = 2, kRsqrt = 3, kSquare = 4, kNeg = 5, kSigmoidU = 6, kTanh = 7, kAbs = 8, kReluU = 9,
+  kReciprocal = 10, kStep = 11
+};
+
+template <int Op>
+inline float unaryValue(float x, float alpha) {
+  (void)alpha;
+  if (Op == kExp) return fastExp(x);
+  if (Op == kLog) return std::log(x);
+  if (Op == kSqrt) return std::sqrt(x);
+  if (Op == kRsqrt) return 1.0f / std::sqrt(x);
+  if (Op == kSquare) return x * x;
+  if (Op == kNeg) return -x;
+  if (Op == kSigmoidU) return 1.0f / (1.0f + fastExp(-x));
+  if (Op == kTanh) return std::tanh(x);
+  if (Op == kAbs) return std::fabs(x);
+  if (Op == kReluU) return x > 0.0f ? x : 0.0f;
+  if (Op == kReciprocal) return 1.0f / x;
+  return std::isnan(x) ? x : (x > 0.0f ? 1.0f : alpha);  // Step
+}
+
+template <int Op>
+void unaryRun(const float* x, float* out, int64_t n, float alpha) {
+  pool.parallelFor(n, 32768, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) out[i] = unaryValue<Op>(x[i], alpha);
+  });
+}
+
+// unary(heap, op, xOff, outOff, n, alpha)
+napi_value Unary(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int op = (int)args.i64(1);
+  int64_t xOff = args.i64(2), outOff = args.i64(3), n = args.i64(4);
+  float alpha = (float)args.num(5);
+  if (!args.ok) return nullptr;
+  if (!heap.contains(xOff, n) || !heap.contains(outOff, n)) {
+    args.fail("unary: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* x = heap.f32(xOff);
+  float* out = heap.f32(outOff);
+  switch (op) {
+#define UN(OP)                       \
+  case OP:                           \
+    unaryRun<OP>(x, out, n, alpha);  \
+    break;
+    UN(kExp) UN(kLog) UN(kSqrt) UN(kRsqrt) UN(kSquare) UN(kNeg) UN(kSigmoidU) UN(kTanh) UN(kAbs) UN(kReluU)
+    UN(kReciprocal) UN(kStep)
+#undef UN
+    default:
+      args.fail("unary: unknown op");
+      return nullptr;
+  }
+  return undefinedValue(env);
+}
+
+enum ReduceOp { kSum = 0, kMean = 1, kMaxR = 2, kMinR = 3, kProd = 4 };
+
+// reduce(heap, op, xOff, outOff, outer, reduce, inner): x viewed as [outer, reduce, inner], out [outer, inner].
+napi_value Reduce(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int op = (int)args.i64(1);
+  int64_t xOff = args.i64(2), outOff = args.i64(3);
+  int64_t outer = args.i64(4), red = args.i64(5), inner = args.i64(6);
+  if (!args.ok) return nullptr;
+  if (!heap.contains(xOff, outer * red * inner) || !heap.contains(outOff, outer * inner) || red <= 0) {
+    args.fail("reduce: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* x = heap.f32(xOff);
+  float* out = heap.f32(outOff);
+  float init = op == kMaxR ? -INFINITY : op == kMinR ? INFINITY : op == kProd ? 1.0f : 0.0f;
+  if (inner == 1) {
+    pool.parallelFor(outer, std::max<int64_t>(1, 32768 / red), [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; o++) {
+        const float* v = x + o * red;
+        float acc = init;
+        if (op == kSum || op == kMean) {
+          // 8 partial sums (vectorised, and closer to pairwise summation than one running sum)
+          float part[16] = {0};
+          int64_t i = 0;
+          for (; i + 16 <= red; i += 16)
+            for (int j = 0; j < 16; j++) part[j] += v[i + j];
+          for (; i < red; i++) part[0] += v[i];
+          for (int j = 0; j < 16; j++) acc += part[j];
+          if (op == kMean) acc /= (float)red;
+        } else if (op == kMaxR) {
+          for (int64_t i = 0; i < red; i++) acc = v[i] > acc || std::isnan(v[i]) ? v[i] : acc;
+        } else if (op == kMinR) {
+          for (int64_t i = 0; i < red; i++) acc = v[i] < acc || std::isnan(v[i]) ? v[i] : acc;
+        } else {
+          for (int64_t i = 0; i < red; i++) acc *= v[i];
+        }
+        out[o] = acc;
+      }
+    });
+  } else {
+    // Reduce over a strided axis: accumulate whole inner rows (vectorised over inner), split over outer × inner blocks.
+    int64_t blocks = outer * ((inner + 255) / 256);
+    int64_t innerBlocks = (inner + 255) / 256;
+    pool.parallelFor(blocks, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, red * 256)), [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; blk++) {
+        int64_t o = blk / innerBlocks;
+        int64_t j0 = (blk % innerBlocks) * 256;
+        int64_t j1 = std::min(inner, j0 + 256);
+        float* acc = out + o * inner;
+        for (int64_t j = j0; j < j1; j++) acc[j] = init;
+        for (int64_t r = 0; r < red; r++) {
+          const float* v = x + (o * red + r) * inner;
+          if (op == kSum || op == kMean) {
+            for (int64_t j = j0; j < j1; j++) acc[j] += v[j];
+          } else if (op == kMaxR) {
+            for (int64_t j = j0; j < j1; j++) acc[j] = v[j] > acc[j] || std::isnan(v[j]) ? v[j] : acc[j];
+          } else if (op == kMinR) {
+            for (int64_t j = j0; j < j1; j++) acc[j] = v[j] < acc[j] || std::isnan(v[j]) ? v[j] : acc[j];
+          } else {
+            for (int64_t j = j0; j < j1; j++) acc[j] *= v[j];
+          }
+        }
+        if (op == kMean)
+          for (int64_t j = j0; j < j1; j++) acc[j] /= (float)red;
+      }
+    });
+  }
+  return undefinedValue(env);
+}
+
+// transpose(heap, xOff, outOff, elemBytes, rank, outShape (Int32Array), inStrides (Int32Array, of x's axis that
+// becomes each out axis)): out contiguous. Rows of the last out axis are copied with the input's stride.
+napi_value Transpose(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), outOff = args.i64(2);
+  int elem = (int)args.i64(3);
+  int rank = (int)args.i64(4);
+  size_t len1 = 0, len2 = 0;
+  const int32_t* shape = reinterpret_cast<const int32_t*>(args.bytes(5, &len1));
+  const int32_t* strides = reinterpret_cast<const int32_t*>(args.bytes(6, &len2));
+  if (!args.ok) return nullptr;
+  if (rank < 1 || rank > 8 || len1 < (size_t)rank * 4 || len2 < (size_t)rank * 4 || (elem != 4 && elem != 1)) {
+    args.fail("transpose: bad shape");
+    return nullptr;
+  }
+  int64_t size = 1, ext = 1;
+  for (int k = 0; k < rank; k++) {
+    size *= shape[k];
+    ext += (int64_t)(shape[k] - 1) * strides[k];
+  }
+  if (size == 0) return undefinedValue(env);
+  if (!heap.containsBytes(xOff, ext, elem) || !heap.containsBytes(outOff, size, elem)) {
+    args.fail("transpose: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  int64_t n = shape[rank - 1];
+  int64_t sn = strides[rank - 1];
+  int64_t rows = size / n;
+  pool.parallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      int64_t rest = r, offset = 0;
+      for (int k = rank - 2; k >= 0; k--) {
+        offset += (rest % shape[k]) * strides[k];
+        rest /= shape[k];
+      }
+      if (elem == 4) {
+        const float* src = heap.f32(xOff) + offset;
+        float* dst = heap.f32(outOff) + r * n;
+        if (sn == 1) {
+          std::memcpy(dst, src, n * 4);
+        } else {
+          for (int64_t i = 0; i < n; i++) dst[i] = src[i * sn];
+        }
+      } else {
+        const uint8_t* src = heap.base + xOff + offset;
+        uint8_t* dst = heap.base + outOff + r * n;
+        for (int64_t i = 0; i < n; i++) dst[i] = src[i * sn];
+      }
+    }
+  });
+  return undefinedValue(env);
+}
+
+enum CastKind { kIntToFloat = 0, kBoolToFloat = 1, kBoolToInt = 2, kFloatToInt = 3 };
+
+// cast(heap, kind, xOff, outOff, n)
+napi_value Cast(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int kind = (int)args.i64(1);
+  int64_t xOff = args.i64(2), outOff = args.i64(3), n = args.i64(4);
+  if (!args.ok) return nullptr;
+  bool fromBool = kind == kBoolToFloat || kind == kBoolToInt;
+  if (!heap.containsBytes(xOff, n, fromBool ? 1 : 4) || !heap.contains(outOff, n)) {
+    args.fail("cast: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(n, 65536, [&](int64_t i0, int64_t i1) {
+    switch (kind) {
+      case kIntToFloat:
+        for (int64_t i = i0; i < i1; i++) heap.f32(outOff)[i] = (float)heap.i32(xOff)[i];
+        break;
+      case kBoolToFloat:
+        for (int64_t i = i0; i < i1; i++) heap.f32(outOff)[i] = (float)heap.base[xOff + i];
+        break;
+      case kBoolToInt:
+        for (int64_t i = i0; i < i1; i++) heap.i32(outOff)[i] = (int32_t)heap.base[xOff + i];
+        break;
+      default:
+        for (int64_t i = i0; i < i1; i++) heap.i32(outOff)[i] = (int32_t)heap.f32(xOff)[i];
+        break;
+    }
+  });
+  return undefinedValue(env);
+}
+
+// softmax(heap, xOff, outOff, rows, n, log): softmax (or log-softmax) over the last axis.
+napi_value Softmax(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), outOff = args.i64(2), rows = args.i64(3), n = args.i64(4);
+  bool log = args.flag(5);
+  if (!args.ok) return nullptr;
+  if (!heap.contains(xOff, rows * n) || !heap.contains(outOff, rows * n) || n <= 0) {
+    args.fail("softmax: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* x = heap.f32(xOff) + r * n;
+      float* y = heap.f32(outOff) + r * n;
+      float m = -INFINITY;
+      for (int64_t i = 0; i < n; i++) m = std::max(m, x[i]);
+      float sum = 0.0f;
+      if (log) {
+        for (int64_t i = 0; i < n; i++) sum += fastExp(x[i] - m);
+        float lse = m + std::log(sum);
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] - lse;
+      } else {
+        for (int64_t i = 0; i < n; i++) {
+          y[i] = fastExp(x[i] - m);
+          sum += y[i];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t i = 0; i < n; i++) y[i] *= inv;
+      }
+    }
+  });
   return undefinedValue(env);
 }
 
@@ -400,9 +852,6 @@ napi_value SetThreads(napi_env env, napi_callback_info info) {
   if (!args.ok) return nullptr;
   if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
   pool.resize(threads);
-#ifdef EFFECT_RL_OPENBLAS
-  openblas_set_num_threads(threads);
-#endif
   return undefinedValue(env);
 }
 
@@ -439,12 +888,17 @@ napi_value Init(napi_env env, napi_value exports) {
     const char* name;
     napi_callback cb;
   };
-  const Fn fns[] = {{"matmul", Matmul}, {"setThreads", SetThreads}, {"info", Info}};
+  const Fn fns[] = {{"matmul", Matmul},   {"binary", Binary},         {"unary", Unary},
+                     {"reduce", Reduce},   {"transpose", Transpose},   {"cast", Cast},
+                     {"softmax", Softmax}, {"setThreads", SetThreads}, {"info", Info}};
   for (const Fn& fn : fns) {
     napi_value f;
     napi_create_function(env, fn.name, NAPI_AUTO_LENGTH, fn.cb, nullptr, &f);
     napi_set_named_property(env, exports, fn.name, f);
   }
+#ifdef EFFECT_RL_OPENBLAS
+  openblas_set_num_threads(1);
+#endif
   pool.resize((int)std::max(1u, std::thread::hardware_concurrency()));
   return exports;
 }

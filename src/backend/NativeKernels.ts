@@ -40,6 +40,38 @@ interface Addon {
     aBatchIndex: Int32Array | null,
     bBatchIndex: Int32Array | null
   ) => void
+  /** out[i] = op(a[Σ i_k·aStride_k], b[Σ i_k·bStride_k]) over a 4-d out; float32 in, float32 or bool out. */
+  readonly binary: (
+    heap: Uint8Array,
+    op: number,
+    compare: boolean,
+    a: number,
+    b: number,
+    out: number,
+    ...dimsAndStrides: Array<number> // d0..d3, aStride0..3, bStride0..3
+  ) => void
+  readonly unary: (heap: Uint8Array, op: number, x: number, out: number, n: number, alpha: number) => void
+  /** x as [outer, reduce, inner] → out [outer, inner]. */
+  readonly reduce: (
+    heap: Uint8Array,
+    op: number,
+    x: number,
+    out: number,
+    outer: number,
+    red: number,
+    inner: number
+  ) => void
+  readonly transpose: (
+    heap: Uint8Array,
+    x: number,
+    out: number,
+    elementBytes: number,
+    rank: number,
+    outShape: Int32Array,
+    inStrides: Int32Array
+  ) => void
+  readonly cast: (heap: Uint8Array, kind: number, x: number, out: number, n: number) => void
+  readonly softmax: (heap: Uint8Array, x: number, out: number, rows: number, n: number, log: boolean) => void
 }
 
 /** The parts of tfjs-backend-wasm's BackendWasm the kernels use. */
@@ -210,7 +242,240 @@ const matmul = (
   return out
 }
 
+// --- element-wise
+
+/**
+ * Broadcast a and b to `outShape` and collapse it to ≤ 4 dims: adjacent dims merge when both inputs step through them
+ * alike (both contiguous, or both broadcast). Returns undefined when more than 4 dims remain.
+ */
+const broadcastLayout = (
+  aShape: ReadonlyArray<number>,
+  bShape: ReadonlyArray<number>,
+  outShape: ReadonlyArray<number>
+): Array<number> | undefined => {
+  const rank = outShape.length
+  const stridesOf = (shape: ReadonlyArray<number>): Array<number> => {
+    const padded = [...new Array<number>(rank - shape.length).fill(1), ...shape]
+    const strides = new Array<number>(rank).fill(0)
+    let stride = 1
+    for (let d = rank - 1; d >= 0; d--) {
+      strides[d] = padded[d] === 1 ? 0 : stride
+      stride *= padded[d]!
+    }
+    return strides
+  }
+  const sa = stridesOf(aShape)
+  const sb = stridesOf(bShape)
+  // Collapsed dims, innermost first.
+  const dims: Array<number> = []
+  const as: Array<number> = []
+  const bs: Array<number> = []
+  for (let d = rank - 1; d >= 0; d--) {
+    const n = outShape[d]!
+    if (n === 1) continue
+    const last = dims.length - 1
+    if (last >= 0 && sa[d] === as[last]! * dims[last]! && sb[d] === bs[last]! * dims[last]!) {
+      dims[last]! *= n
+    } else {
+      dims.push(n)
+      as.push(sa[d]!)
+      bs.push(sb[d]!)
+    }
+  }
+  if (dims.length > 4) return undefined
+  while (dims.length < 4) {
+    dims.push(1)
+    as.push(0)
+    bs.push(0)
+  }
+  dims.reverse()
+  as.reverse()
+  bs.reverse()
+  // Contiguous stride 1 is what the kernel's fast loops look for; a size-1 innermost dim had stride 0.
+  return [...dims, ...as, ...bs]
+}
+
+const binaryKernel =
+  (op: number, compare: boolean): NativeKernel =>
+  (addon, { inputs, backend }) => {
+    const { a, b } = inputs as { a: tf.TensorInfo; b: tf.TensorInfo }
+    if (a.dtype !== "float32" || b.dtype !== "float32") return undefined
+    let outShape: Array<number>
+    try {
+      outShape = tf.broadcast_util.assertAndGetBroadcastShape(a.shape, b.shape)
+    } catch {
+      return undefined
+    }
+    const layout = broadcastLayout(a.shape, b.shape, outShape)
+    if (layout === undefined) return undefined
+    const out = backend.makeOutput(outShape, compare ? "bool" : "float32")
+    if (sizeOf(outShape) === 0) return out
+    addon.binary(
+      backend.wasm.HEAPU8,
+      op,
+      compare,
+      offsetOf(backend, a),
+      offsetOf(backend, b),
+      offsetOf(backend, out),
+      ...layout
+    )
+    return out
+  }
+
+const unaryKernel =
+  (op: number): NativeKernel =>
+  (addon, { inputs, backend, attrs }) => {
+    const { x } = inputs as { x: tf.TensorInfo }
+    if (x.dtype !== "float32") return undefined
+    const out = backend.makeOutput([...x.shape], "float32")
+    const n = sizeOf(x.shape)
+    if (n > 0) {
+      const alpha = (attrs as { alpha?: number } | undefined)?.alpha ?? 0
+      addon.unary(backend.wasm.HEAPU8, op, offsetOf(backend, x), offsetOf(backend, out), n, alpha)
+    }
+    return out
+  }
+
+/** Reductions over one contiguous run of axes (after dropping size-1 axes): x as [outer, reduce, inner]. */
+const reduceKernel =
+  (op: number, axisAttr: "axis" | "reductionIndices"): NativeKernel =>
+  (addon, { inputs, backend, attrs }) => {
+    const { x } = inputs as { x: tf.TensorInfo }
+    if (x.dtype !== "float32") return undefined
+    const { keepDims } = attrs as { keepDims?: boolean }
+    const axes = tf.util.parseAxisParam(attrs[axisAttr] as number | Array<number>, [...x.shape]).sort((p, q) => p - q)
+    const reduced = axes.filter((d) => x.shape[d]! !== 1)
+    for (let i = 1; i < reduced.length; i++) {
+      const between = x.shape.slice(reduced[i - 1]! + 1, reduced[i]!)
+      if (between.some((n) => n !== 1)) return undefined // not one contiguous run
+    }
+    const first = reduced[0] ?? x.shape.length
+    const last = reduced.at(-1) ?? x.shape.length - 1
+    const outer = sizeOf(x.shape.slice(0, first))
+    const red = reduced.length === 0 ? 1 : sizeOf(x.shape.slice(first, last + 1))
+    const inner = sizeOf(x.shape.slice(last + 1))
+    if (red === 0) return undefined
+    const outShape =
+      keepDims === true
+        ? x.shape.map((n, d) => (axes.includes(d) ? 1 : n))
+        : x.shape.filter((_, d) => !axes.includes(d))
+    const out = backend.makeOutput(outShape, "float32")
+    if (outer * inner > 0) {
+      addon.reduce(backend.wasm.HEAPU8, op, offsetOf(backend, x), offsetOf(backend, out), outer, red, inner)
+    }
+    return out
+  }
+
+const transposeKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { x } = inputs as { x: tf.TensorInfo }
+  const { perm } = attrs as unknown as { perm: Array<number> }
+  if (x.dtype === "string" || x.dtype === "complex64") return undefined
+  const rank = x.shape.length
+  const inStrides = new Array<number>(rank)
+  let stride = 1
+  for (let d = rank - 1; d >= 0; d--) {
+    inStrides[d] = stride
+    stride *= x.shape[d]!
+  }
+  const outShape = perm.map((p) => x.shape[p]!)
+  // Collapse: out axes k-1, k merge when they are adjacent x axes in order; size-1 axes drop out.
+  const shape: Array<number> = []
+  const strides: Array<number> = []
+  for (let k = 0; k < rank; k++) {
+    const n = outShape[k]!
+    if (n === 1) continue
+    const s = inStrides[perm[k]!]!
+    const last = shape.length - 1
+    if (last >= 0 && strides[last] === s * n) {
+      shape[last]! *= n
+      strides[last] = s
+    } else {
+      shape.push(n)
+      strides.push(s)
+    }
+  }
+  const out = backend.makeOutput(outShape, x.dtype)
+  if (sizeOf(outShape) === 0) return out
+  if (shape.length === 0) {
+    shape.push(1)
+    strides.push(1)
+  }
+  addon.transpose(
+    backend.wasm.HEAPU8,
+    offsetOf(backend, x),
+    offsetOf(backend, out),
+    x.dtype === "bool" ? 1 : 4,
+    shape.length,
+    Int32Array.from(shape),
+    Int32Array.from(strides)
+  )
+  return out
+}
+
+const castKinds: Record<string, number> = { "int32>float32": 0, "bool>float32": 1, "bool>int32": 2 }
+
+const castKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { x } = inputs as { x: tf.TensorInfo }
+  const { dtype } = attrs as unknown as { dtype: tf.DataType }
+  if (x.dtype === dtype && dtype !== "string") {
+    backend.incRef(x.dataId) // zero-copy, as Identity
+    return { dataId: x.dataId, shape: x.shape, dtype }
+  }
+  const kind = castKinds[`${x.dtype}>${dtype}`]
+  if (kind === undefined) return undefined
+  const out = backend.makeOutput([...x.shape], dtype)
+  const n = sizeOf(x.shape)
+  if (n > 0) addon.cast(backend.wasm.HEAPU8, kind, offsetOf(backend, x), offsetOf(backend, out), n)
+  return out
+}
+
+const softmaxKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { logits } = inputs as { logits: tf.TensorInfo }
+  const { dim } = attrs as unknown as { dim: number }
+  const rank = logits.shape.length
+  if (logits.dtype !== "float32" || rank === 0 || (dim !== -1 && dim !== rank - 1)) return undefined
+  const n = logits.shape[rank - 1]!
+  const out = backend.makeOutput([...logits.shape], "float32")
+  const rows = sizeOf(logits.shape) / Math.max(n, 1)
+  if (rows * n > 0)
+    addon.softmax(backend.wasm.HEAPU8, offsetOf(backend, logits), offsetOf(backend, out), rows, n, false)
+  return out
+}
+
 const kernels: Record<string, NativeKernel> = {
+  Add: binaryKernel(0, false),
+  Sub: binaryKernel(1, false),
+  Multiply: binaryKernel(2, false),
+  RealDiv: binaryKernel(3, false),
+  Maximum: binaryKernel(4, false),
+  Minimum: binaryKernel(5, false),
+  SquaredDifference: binaryKernel(6, false),
+  Equal: binaryKernel(0, true),
+  NotEqual: binaryKernel(1, true),
+  Greater: binaryKernel(2, true),
+  GreaterEqual: binaryKernel(3, true),
+  Less: binaryKernel(4, true),
+  LessEqual: binaryKernel(5, true),
+  Exp: unaryKernel(0),
+  Log: unaryKernel(1),
+  Sqrt: unaryKernel(2),
+  Rsqrt: unaryKernel(3),
+  Square: unaryKernel(4),
+  Neg: unaryKernel(5),
+  Sigmoid: unaryKernel(6),
+  Tanh: unaryKernel(7),
+  Abs: unaryKernel(8),
+  Relu: unaryKernel(9),
+  Reciprocal: unaryKernel(10),
+  Step: unaryKernel(11),
+  Sum: reduceKernel(0, "axis"),
+  Mean: reduceKernel(1, "axis"),
+  Max: reduceKernel(2, "reductionIndices"),
+  Min: reduceKernel(3, "axis"),
+  Prod: reduceKernel(4, "axis"),
+  Transpose: transposeKernel,
+  Cast: castKernel,
+  Softmax: softmaxKernel,
   BatchMatMul: (addon, { inputs, backend, attrs }) => {
     const { a, b } = inputs as { a: tf.TensorInfo; b: tf.TensorInfo }
     const { transposeA, transposeB } = attrs as unknown as { transposeA: boolean; transposeB: boolean }

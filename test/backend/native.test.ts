@@ -6,13 +6,18 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import "@tensorflow/tfjs-backend-wasm"
+import * as MissingKernels from "../../src/backend/MissingKernels.ts"
 import * as NativeKernels from "../../src/backend/NativeKernels.ts"
+import * as LogProbs from "../../src/model/LogProbs.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
 
 const native = NativeKernels.status()
 if (!native.available) console.warn(`native kernel tests skipped: ${native.reason}`)
 
 await tf.setBackend("wasm")
 await tf.ready()
+MissingKernels.register("wasm")
 
 /** Deterministic shapes and values: mulberry32. */
 const rng = (seed: number) => () => {
@@ -50,12 +55,16 @@ const bothWays = (
   return { native: nativeValues, stock: stockValues }
 }
 
-/** max |got - want| / max(max |want|, 1e-6): 0 when equal. */
+/** max |got - want| / max(max |want|, 1e-6) over finite values: 0 when equal; Infinity when non-finite values differ. */
 const relativeError = (got: Float32Array, want: Float32Array): number => {
   assert.strictEqual(got.length, want.length)
   let diff = 0
   let scale = 1e-6
   for (let i = 0; i < want.length; i++) {
+    if (!Number.isFinite(want[i]!) || !Number.isFinite(got[i]!)) {
+      if (!Object.is(got[i], want[i])) return Number.POSITIVE_INFINITY
+      continue
+    }
     diff = Math.max(diff, Math.abs(got[i]! - want[i]!))
     scale = Math.max(scale, Math.abs(want[i]!))
   }
@@ -193,6 +202,164 @@ describe.skipIf(!native.available)("NativeKernels", () => {
         tf.dispose([a, b, bias])
       }
     }
+  })
+
+  it("element-wise binary ops and comparisons match stock under broadcasting", () => {
+    const next = rng(5)
+    const shapes: Array<[Array<number>, Array<number>]> = [
+      [
+        [7, 33],
+        [7, 33]
+      ],
+      [[7, 33], [33]],
+      [
+        [7, 33],
+        [7, 1]
+      ],
+      [[], [5, 4]],
+      [
+        [3, 1, 5],
+        [1, 4, 5]
+      ],
+      [
+        [2, 3, 4, 5, 6],
+        [3, 1, 5, 1]
+      ],
+      [
+        [2, 1, 3, 1, 5, 1],
+        [1, 4, 1, 6, 1, 7]
+      ], // too many dims after collapsing: handed to the stock kernel
+      [[0, 3], [3]]
+    ]
+    const ops: Array<[string, (a: tf.Tensor, b: tf.Tensor) => tf.Tensor]> = [
+      ["add", tf.add],
+      ["sub", tf.sub],
+      ["mul", tf.mul],
+      ["div", tf.div],
+      ["maximum", tf.maximum],
+      ["minimum", tf.minimum],
+      ["squaredDifference", tf.squaredDifference],
+      ["equal", (a, b) => tf.cast(tf.equal(a, b), "float32")],
+      ["notEqual", (a, b) => tf.cast(tf.notEqual(a, b), "float32")],
+      ["greater", (a, b) => tf.cast(tf.greater(a, b), "float32")],
+      ["greaterEqual", (a, b) => tf.cast(tf.greaterEqual(a, b), "float32")],
+      ["less", (a, b) => tf.cast(tf.less(a, b), "float32")],
+      ["lessEqual", (a, b) => tf.cast(tf.lessEqual(a, b), "float32")]
+    ]
+    for (const [aShape, bShape] of shapes) {
+      // Rounded values so that comparisons see ties.
+      const a = tf.round(tf.mul(randomTensor(aShape, next), 4))
+      const b = tf.add(tf.round(tf.mul(randomTensor(bShape, next), 4)), 0.5)
+      for (const [name, op] of ops) {
+        assertClose(
+          `${name} ${JSON.stringify(aShape)} ${JSON.stringify(bShape)}`,
+          bothWays(() => [op(a, b), op(b, a)])
+        )
+      }
+      tf.dispose([a, b])
+    }
+  })
+
+  it("unary ops, reductions, transposes, casts and softmax match stock", () => {
+    const next = rng(6)
+    const x = tf.mul(randomTensor([4, 6, 37], next), 5) // [4, 6, 37]
+    const positive = tf.add(tf.abs(x), 0.1)
+    const unary: Array<[string, () => tf.Tensor]> = [
+      ["exp", () => tf.exp(x)],
+      ["log", () => tf.log(positive)],
+      ["sqrt", () => tf.sqrt(positive)],
+      ["rsqrt", () => tf.rsqrt(positive)],
+      ["square", () => tf.square(x)],
+      ["neg", () => tf.neg(x)],
+      ["sigmoid", () => tf.sigmoid(x)],
+      ["tanh", () => tf.tanh(x)],
+      ["abs", () => tf.abs(x)],
+      ["relu", () => tf.relu(x)],
+      ["reciprocal", () => tf.reciprocal(positive)],
+      ["step", () => tf.step(x, 0.3)],
+      ["exp extremes", () => tf.exp(tf.tensor([-100, -87, -20, 0, 1e-8, 20, 88, 100]))]
+    ]
+    for (const [name, f] of unary) assertClose(name, bothWays(f))
+    const axes: Array<number | Array<number>> = [0, 1, 2, -1, [0, 1], [1, 2], [0, 1, 2], [0, 2]]
+    for (const axis of axes) {
+      for (const keepDims of [false, true]) {
+        const label = `reduce axis ${JSON.stringify(axis)} keepDims ${keepDims}`
+        assertClose(
+          label,
+          bothWays(() => [
+            tf.sum(x, axis, keepDims),
+            tf.mean(x, axis, keepDims),
+            tf.max(x, axis, keepDims),
+            tf.min(x, axis, keepDims),
+            tf.prod(tf.div(x, 5), axis, keepDims)
+          ])
+        )
+      }
+    }
+    const cube = randomTensor([3, 4, 5, 6], next)
+    for (const perm of [
+      [1, 0, 2, 3],
+      [0, 2, 1, 3],
+      [0, 1, 3, 2],
+      [3, 2, 1, 0],
+      [0, 2, 3, 1],
+      [2, 0, 3, 1],
+      [0, 1, 2, 3]
+    ]) {
+      assertClose(
+        `transpose ${perm}`,
+        bothWays(() => [tf.transpose(cube, perm), tf.cast(tf.transpose(tf.greater(cube, 0), perm), "float32")])
+      )
+    }
+    assertClose(
+      "casts",
+      bothWays(() => [
+        tf.cast(tf.tensor([1, -2, 3, 2147483647], [4], "int32"), "float32"),
+        tf.cast(tf.greater(x, 0), "float32"),
+        tf.cast(tf.cast(tf.greater(x, 0), "int32"), "float32"),
+        tf.cast(x, "float32")
+      ])
+    )
+    assertClose(
+      "softmax",
+      bothWays(() => [tf.softmax(x), tf.logSoftmax(x), tf.softmax(tf.tensor([[-1e9, 0, -1e9, 3]]))])
+    )
+    tf.dispose([x, positive, cube])
+  })
+
+  it("a transformer's loss and gradients match stock", () => {
+    const config = ModelConfig.fromInit({
+      architecture: "qwen3",
+      vocab_size: 97,
+      hidden_size: 64,
+      intermediate_size: 96,
+      num_hidden_layers: 2,
+      num_attention_heads: 4,
+      num_key_value_heads: 2,
+      head_dim: 16,
+      rope_theta: 10000,
+      rms_norm_eps: 1e-6,
+      max_position_embeddings: 64,
+      tie_word_embeddings: true
+    })
+    const model = Transformer.init(config, 7)
+    const next = rng(8)
+    const ids = tf.tensor2d(
+      Int32Array.from({ length: 3 * 11 }, () => Math.floor(next() * 97)),
+      [3, 11],
+      "int32"
+    )
+    const variables = Transformer.trainableVariables(model)
+    const lossAndGrads = () => {
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
+        variables
+      )
+      return [value, ...variables.map((v) => grads[v.name]!)]
+    }
+    assertClose("transformer loss and gradients", bothWays(lossAndGrads), 1e-4)
+    ids.dispose()
+    Transformer.dispose(model)
   })
 
   it("runs many steps without leaking tensors or native memory", () => {
