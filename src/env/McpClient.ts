@@ -20,7 +20,8 @@
  *   2. it failed with a retryable reason (Timeout, Disconnected) on a `shared` server and the server declared the tool
  *      `readOnlyHint` or `idempotentHint`, so a second delivery cannot change any state.
  * Everything else (a tool error, bad arguments, a timeout on a tool that may write) is returned to the caller once.
- * Retries use exponential backoff (25 ms · 2^n, jittered), at most `retries` times.
+ * Retries wait 25 ms, then 50 ms · 2^n (jittered), at most `retries` times; a call that succeeds first time never
+ * enters the retry machinery.
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
@@ -337,7 +338,8 @@ interface Counters {
 
 const clientInfo = { name: "effect-rl", version: "0.1.0" }
 
-const backoff = Schedule.exponential("25 millis", 2).pipe(Schedule.jittered)
+const backoffStart = "25 millis"
+const backoff = Schedule.exponential("50 millis", 2).pipe(Schedule.jittered)
 
 const describeCause = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
@@ -470,10 +472,9 @@ const makeConnection = Effect.fnUntraced(function* (
     return next
   })
 
-  /** The live connection, (re)started if there is none or its server died. */
-  const ensure: Effect.Effect<Live, McpConnectError> = lock.withPermits(1)(
+  const restart: Effect.Effect<Live, McpConnectError> = lock.withPermits(1)(
     Effect.suspend(() => {
-      if (live !== undefined && !live.closed) return Effect.succeed(live)
+      if (live !== undefined && !live.closed) return Effect.succeed(live) // another fiber restarted it
       const dead = live
       return Effect.gen(function* () {
         if (dead !== undefined) {
@@ -498,74 +499,108 @@ const makeConnection = Effect.fnUntraced(function* (
     })
   )
 
+  /** The live connection; (re)started under the lock when there is none or its server died. */
+  const ensure: Effect.Effect<Live, McpConnectError> = Effect.suspend(() =>
+    live !== undefined && !live.closed ? Effect.succeed(live) : restart
+  )
+
   const annotationsOf = (tool: string) => tools.find((t) => t.name === tool)?.annotations
   const reDrivable = (tool: string) => {
     const a = annotationsOf(tool)
     return config.isolation === "shared" && (a?.readOnlyHint === true || a?.idempotentHint === true)
   }
 
-  const fail = (tool: string, reason: ToolCallErrorReason, message: string, delivered: boolean) =>
-    Effect.fail<CallFailure>({ error: new ToolCallError({ tool, server: config.name, reason, message }), delivered })
+  type Outcome =
+    | { readonly ok: true; readonly value: ToolResult }
+    | { readonly ok: false; readonly failure: CallFailure }
+  const failed = (tool: string, reason: ToolCallErrorReason, message: string, delivered: boolean): Outcome => ({
+    ok: false,
+    failure: { error: new ToolCallError({ tool, server: config.name, reason, message }), delivered }
+  })
 
-  const callOnce = (tool: string, args: Readonly<Record<string, unknown>>) =>
-    Effect.gen(function* () {
-      const conn = yield* ensure.pipe(
-        Effect.catch((e) =>
-          Effect.fail<CallFailure>({
-            error: new ToolCallError({ tool, server: config.name, reason: "Disconnected", message: e.message }),
-            delivered: false
-          })
-        )
-      )
-      const result = yield* Effect.tryPromise({
-        try: (signal) =>
-          conn.client.callTool({ name: tool, arguments: { ...args } }, undefined, {
-            timeout: config.timeout_ms,
-            signal
-          }),
-        catch: (cause) => cause
-      }).pipe(
-        Effect.catch((cause) => {
-          const reason = classify(cause)
-          const message =
-            reason === "Timeout" ? `${tool} timed out after ${config.timeout_ms} ms` : describeCause(cause)
-          return fail(tool, reason, message, !isRefused(cause))
-        })
-      )
-      if (!("content" in result) && !("structuredContent" in result)) {
-        return yield* fail(tool, "ServerError", "malformed tools/call result", true)
-      }
-      const { text, truncated } = truncate(
-        resultText(result as { content?: unknown; structuredContent?: unknown }),
-        options.maxResultChars
-      )
-      if (result.isError === true) return yield* fail(tool, classifyErrorText(text), text, true)
-      const out: ToolResult =
-        result.structuredContent === undefined
+  /** A `tools/call` result as an outcome: `isError` results are failures, with the server's text. */
+  const settle = (tool: string, result: Record<string, unknown>): Outcome => {
+    if (!("content" in result) && !("structuredContent" in result)) {
+      return failed(tool, "ServerError", "malformed tools/call result", true)
+    }
+    const { text, truncated } = truncate(
+      resultText(result as { content?: unknown; structuredContent?: unknown }),
+      options.maxResultChars
+    )
+    if (result["isError"] === true) return failed(tool, classifyErrorText(text), text, true)
+    const structured = result["structuredContent"]
+    return {
+      ok: true,
+      value:
+        structured === undefined
           ? { server: config.name, text, truncated }
-          : { server: config.name, text, truncated, structured: result.structuredContent }
-      return out
-    })
+          : { server: config.name, text, truncated, structured }
+    }
+  }
 
-  const call = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, ToolCallError> => {
-    let attempt = 0
-    return Effect.suspend(() => {
-      attempt++
-      if (attempt > 1) counters.retries++
+  const rejected = (tool: string, cause: unknown): Outcome => {
+    const reason = classify(cause)
+    const message = reason === "Timeout" ? `${tool} timed out after ${config.timeout_ms} ms` : describeCause(cause)
+    return failed(tool, reason, message, !isRefused(cause))
+  }
+
+  // The hot path is plain promise code settled into an Outcome, then one Effect step: per-call Effect overhead is
+  // what the mcp-latency bench measures against the bare SDK.
+  const invoke = (conn: Live, tool: string, args: Readonly<Record<string, unknown>>) =>
+    Effect.flatMap(
+      Effect.promise((signal) =>
+        conn.client
+          .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
+          .then(
+            (result) => settle(tool, result),
+            (cause: unknown) => rejected(tool, cause)
+          )
+      ),
+      (o): Effect.Effect<ToolResult, CallFailure> => (o.ok ? Effect.succeed(o.value) : Effect.fail(o.failure))
+    )
+
+  const callOnce = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, CallFailure> =>
+    Effect.suspend(() =>
+      live !== undefined && !live.closed
+        ? invoke(live, tool, args)
+        : Effect.flatMap(
+            restart.pipe(
+              Effect.mapError(
+                (e): CallFailure => ({
+                  error: new ToolCallError({ tool, server: config.name, reason: "Disconnected", message: e.message }),
+                  delivered: false
+                })
+              )
+            ),
+            (conn) => invoke(conn, tool, args)
+          )
+    )
+
+  const mayRetry = (tool: string) => (f: CallFailure) => !f.delivered || (f.error.isRetryable && reDrivable(tool))
+
+  // The retry machinery is entered only after a first failure: the common path is one callOnce.
+  const call = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, ToolCallError> =>
+    Effect.suspend(() => {
       counters.calls++
       return callOnce(tool, args)
     }).pipe(
-      Effect.retry({
-        schedule: backoff,
-        times: options.retries,
-        while: (f) => !f.delivered || (f.error.isRetryable && reDrivable(tool))
-      }),
+      Effect.catch((first) =>
+        options.retries === 0 || !mayRetry(tool)(first)
+          ? Effect.fail(first)
+          : Effect.suspend(() => {
+              counters.calls++
+              counters.retries++
+              return callOnce(tool, args)
+            }).pipe(
+              Effect.delay(backoffStart),
+              Effect.retry({ schedule: backoff, times: options.retries - 1, while: mayRetry(tool) })
+            )
+      ),
       Effect.mapError((f) => {
         counters.errors++
         return f.error
       })
     )
-  }
 
   yield* Scope.addFinalizer(
     scope,
@@ -607,9 +642,19 @@ const mountedTools = (connections: ReadonlyArray<Connection>, namespaced: boolea
   )
 
 const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean): McpSession => {
+  // the mounted list changes only when a server re-lists (after a restart): recompute then, not per call
+  let listed: ReadonlyArray<ReadonlyArray<Tool>> = []
+  let mounted: ReadonlyArray<McpTool> = []
+  const current = () => {
+    if (listed.length !== connections.length || connections.some((c, i) => c.tools() !== listed[i])) {
+      listed = connections.map((c) => c.tools())
+      mounted = mountedTools(connections, namespaced)
+    }
+    return mounted
+  }
   const call = (name: string, args: Readonly<Record<string, unknown>>) =>
     Effect.suspend(() => {
-      const tools = mountedTools(connections, namespaced)
+      const tools = current()
       const tool = tools.find((t) => t.name === name)
       if (tool === undefined) {
         const server = namespaced ? (name.split("__")[0] ?? "") : (connections[0]?.config.name ?? "")
@@ -627,7 +672,7 @@ const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean
     })
   return {
     get tools() {
-      return mountedTools(connections, namespaced)
+      return current()
     },
     call,
     processIds: Effect.sync(() => connections.flatMap((c) => c.pid() ?? []))

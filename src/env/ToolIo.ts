@@ -62,25 +62,28 @@ const errorText = (e: McpClient.ToolCallError): string => `Error: ${e.message}`
 const liveSession = (client: McpClient.McpClient["Service"], keep: ((r: ToolCallRecord) => void) | undefined) =>
   Effect.gen(function* () {
     const session = yield* client.session
+    const clock = yield* Clock.Clock
     const serverOf = (name: string) => session.tools.find((t) => t.name === name)?.server
+    const record = (c: ToolCall, start: bigint, result: string, isError: boolean, server: string | undefined) => {
+      const r: ToolCallRecord = {
+        id: c.id,
+        ...(server === undefined || server === "" ? {} : { server }),
+        tool: c.name,
+        arguments: c.arguments,
+        result,
+        isError,
+        ms: Number(clock.currentTimeNanosUnsafe() - start) / 1e6
+      }
+      keep?.(r)
+      return r
+    }
     const call = (c: ToolCall): Effect.Effect<ToolCallRecord> =>
-      Effect.gen(function* () {
-        const start = yield* Clock.currentTimeMillis
-        const outcome = yield* session.call(c.name, c.arguments).pipe(Effect.result)
-        const ms = (yield* Clock.currentTimeMillis) - start
-        const server =
-          outcome._tag === "Success" ? outcome.success.server : (serverOf(c.name) ?? outcome.failure.server)
-        const record: ToolCallRecord = {
-          id: c.id,
-          ...(server === "" ? {} : { server }),
-          tool: c.name,
-          arguments: c.arguments,
-          result: outcome._tag === "Success" ? outcome.success.text : errorText(outcome.failure),
-          isError: outcome._tag === "Failure",
-          ms
-        }
-        keep?.(record)
-        return record
+      Effect.suspend(() => {
+        const start = clock.currentTimeNanosUnsafe()
+        return Effect.match(session.call(c.name, c.arguments), {
+          onSuccess: (ok) => record(c, start, ok.text, false, ok.server),
+          onFailure: (e) => record(c, start, errorText(e), true, serverOf(c.name) ?? e.server)
+        })
       })
     return { tools: session.tools, call } satisfies ToolSession
   })

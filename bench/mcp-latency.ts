@@ -1,0 +1,177 @@
+/**
+ * Tool-call round trip through McpToolEnv (parse model text → McpClient → toolbox → tool message) vs the bare MCP
+ * SDK client calling the same toolbox server (both over stdio, each with its own server process).
+ *
+ *   node bench/mcp-latency.ts [--calls 2000] [--concurrency 64]
+ *
+ * Sequential: one caller, one call at a time. Concurrent: 64 callers (64 envs on one shared server connection vs
+ * 64 concurrent `callTool`s on one SDK client). Prints one JSON line and writes bench/results/mcp-latency.json.
+ * Goal: McpToolEnv p50 ≤ 1.2 × SDK p50.
+ *
+ * This bench imports the SDK client directly: it is the baseline being measured against.
+ */
+
+import { mkdirSync, writeFileSync } from "node:fs"
+import { cpus, loadavg } from "node:os"
+import { join, resolve } from "node:path"
+import { Client } from "@modelcontextprotocol/sdk/client/index.js"
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js"
+import { Effect, Layer, Schema } from "effect"
+import { McpServerConfig } from "../src/config/EnvironmentConfig.ts"
+import type { PromptRow } from "../src/domain/PromptRow.ts"
+import type { Env } from "../src/env/Env.ts"
+import * as EnvRegistry from "../src/env/EnvRegistry.ts"
+import * as McpClient from "../src/env/McpClient.ts"
+import * as McpToolEnv from "../src/env/McpToolEnv.ts"
+import * as ToolIo from "../src/env/ToolIo.ts"
+
+const root = resolve(import.meta.dirname, "..")
+const script = join(root, "src/toolbox/server.ts")
+const argValue = (flag: string, fallback: number) => {
+  const i = process.argv.indexOf(flag)
+  return i >= 0 ? Number(process.argv[i + 1]) : fallback
+}
+const calls = argValue("--calls", 2000)
+const concurrency = argValue("--concurrency", 64)
+const warmup = 200
+
+const percentile = (xs: ReadonlyArray<number>, p: number) => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))]!
+}
+const summary = (ms: ReadonlyArray<number>, wallMs: number, cpuUs: number) => ({
+  client_cpu_us_per_call: Math.round(cpuUs / ms.length),
+  p50_ms: Number(percentile(ms, 50).toFixed(4)),
+  p99_ms: Number(percentile(ms, 99).toFixed(4)),
+  mean_ms: Number((ms.reduce((a, b) => a + b, 0) / ms.length).toFixed(4)),
+  calls_per_s: Math.round((ms.length / wallMs) * 1000)
+})
+const args = (i: number) => ({ a: i, b: 7 })
+const text = (i: number) => `<tool_call>\n{"name": "multiply", "arguments": {"a": ${i}, "b": 7}}\n</tool_call>`
+
+// Both clients are set up first, then measured in alternating blocks (SDK, env, SDK, env, …), so that machine noise
+// (this is a shared 2-core box) and JIT warm-up fall on both alike.
+const rounds = 8
+/** CPU time of this (client) process, µs: robust to the machine's other load, unlike wall time. */
+const cpu = () => {
+  const u = process.cpuUsage()
+  return u.user + u.system
+}
+
+const sdkClient = async () => {
+  const client = new Client({ name: "bench", version: "0" }, { capabilities: {} })
+  await client.connect(new StdioClientTransport({ command: process.execPath, args: [script] }))
+  const one = async (i: number) => {
+    const t0 = performance.now()
+    const r = await client.callTool({ name: "multiply", arguments: args(i) })
+    const ms = performance.now() - t0
+    const content = r.content as Array<{ text: string }>
+    if (content[0]?.text !== String(i * 7)) throw new Error("wrong sdk result")
+    return ms
+  }
+  return { client, one }
+}
+
+const row: PromptRow = { data_source: "bench", env_class: "mcp_tool", prompt: [{ role: "user", content: "bench" }] }
+
+const stepTimed = (env: Env, i: number) =>
+  Effect.gen(function* () {
+    const t0 = performance.now()
+    const out = yield* env.step(text(i))
+    const ms = performance.now() - t0
+    if (out.observations[0]?.content !== String(i * 7)) return yield* Effect.die(new Error("wrong env result"))
+    return ms
+  })
+
+const measure = Effect.gen(function* () {
+  const registry = yield* EnvRegistry.EnvRegistry
+  const makeEnv = Effect.gen(function* () {
+    const env = yield* registry.make("mcp_tool", row)
+    yield* env.init(row.prompt)
+    return env
+  })
+  const sdk = yield* Effect.promise(() => sdkClient())
+  const env = yield* makeEnv
+  const envs = yield* Effect.forEach(Array.from({ length: concurrency }), () => makeEnv)
+  const perWorker = Math.max(1, Math.ceil(calls / rounds / concurrency))
+  const samples = {
+    sdk: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 },
+    env: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 }
+  }
+  for (let i = 0; i < warmup; i++) {
+    yield* Effect.promise(() => sdk.one(i))
+    yield* stepTimed(env, i)
+  }
+  for (let r = 0; r < rounds; r++) {
+    const block = Math.ceil(calls / rounds)
+    let t0 = performance.now()
+    let c0 = cpu()
+    for (let i = 0; i < block; i++) samples.sdk.seq.push(yield* Effect.promise(() => sdk.one(i)))
+    samples.sdk.seqWall += performance.now() - t0
+    samples.sdk.seqCpu += cpu() - c0
+    t0 = performance.now()
+    c0 = cpu()
+    for (let i = 0; i < block; i++) samples.env.seq.push(yield* stepTimed(env, i))
+    samples.env.seqWall += performance.now() - t0
+    samples.env.seqCpu += cpu() - c0
+    t0 = performance.now()
+    c0 = cpu()
+    yield* Effect.promise(() =>
+      Promise.all(
+        Array.from({ length: concurrency }, async (_, w) => {
+          for (let i = 0; i < perWorker; i++) samples.sdk.conc.push(await sdk.one(w * 1000 + i))
+        })
+      )
+    )
+    samples.sdk.concWall += performance.now() - t0
+    samples.sdk.concCpu += cpu() - c0
+    t0 = performance.now()
+    c0 = cpu()
+    yield* Effect.forEach(
+      envs,
+      (e, w) =>
+        Effect.gen(function* () {
+          for (let i = 0; i < perWorker; i++) samples.env.conc.push(yield* stepTimed(e, w * 1000 + i))
+        }),
+      { concurrency: "unbounded" }
+    )
+    samples.env.concWall += performance.now() - t0
+    samples.env.concCpu += cpu() - c0
+  }
+  yield* Effect.promise(() => sdk.client.close())
+  const pack = (x: typeof samples.sdk) => ({
+    sequential: summary(x.seq, x.seqWall, x.seqCpu),
+    concurrent: summary(x.conc, x.concWall, x.concCpu)
+  })
+  return { sdk: pack(samples.sdk), env: pack(samples.env) }
+}).pipe(Effect.scoped)
+
+const server = Schema.decodeUnknownSync(McpServerConfig)({ name: "toolbox", command: "node", args: [script] })
+const layer = McpToolEnv.layer({ toolCallFormat: "hermes", maxTurns: 1_000_000 }).pipe(
+  Layer.provideMerge(
+    Layer.mergeAll(EnvRegistry.layer(), ToolIo.layerLive.pipe(Layer.provide(McpClient.layer({ servers: [server] }))))
+  )
+)
+
+const { sdk, env } = await Effect.runPromise(measure.pipe(Effect.provide(layer)))
+const ratio = (a: number, b: number) => Number((a / b).toFixed(3))
+const result = {
+  bench: "mcp-latency",
+  calls,
+  concurrency,
+  cpus: cpus().length,
+  node: process.version,
+  sdk,
+  env,
+  ratio_p50_sequential: ratio(env.sequential.p50_ms, sdk.sequential.p50_ms),
+  ratio_p99_sequential: ratio(env.sequential.p99_ms, sdk.sequential.p99_ms),
+  ratio_p50_concurrent: ratio(env.concurrent.p50_ms, sdk.concurrent.p50_ms),
+  ratio_p99_concurrent: ratio(env.concurrent.p99_ms, sdk.concurrent.p99_ms),
+  ratio_client_cpu_sequential: ratio(env.sequential.client_cpu_us_per_call, sdk.sequential.client_cpu_us_per_call),
+  ratio_client_cpu_concurrent: ratio(env.concurrent.client_cpu_us_per_call, sdk.concurrent.client_cpu_us_per_call),
+  load_average_1m: Number(loadavg()[0]?.toFixed(2)),
+  goal: "env p50 <= 1.2 x sdk p50"
+}
+mkdirSync(join(root, "bench/results"), { recursive: true })
+writeFileSync(join(root, "bench/results/mcp-latency.json"), `${JSON.stringify(result, null, 2)}\n`)
+console.log(JSON.stringify(result))
