@@ -48,3 +48,11 @@ export const make = (rows: ReadonlyArray<PromptRow>, epochs: number, seed: numbe
       Array.from({ length: Math.max(0, Math.min(to, rows.length * epochs) - from) }, (_, i) => at(from + i))
   }
 }
+
+/**
+ * The base sampling seed of the prompt at `cursor`: it depends on the training step the prompt belongs to
+ * (⌊cursor / B⌋ + 1), so the sync and async pipelines sample the same tokens for it, and a prompt seen again in a
+ * later epoch is sampled afresh. (AgentLoop mixes in the prompt uid, sample index and turn.)
+ */
+export const sampleSeed = (baseSeed: number, cursor: number, batchSize: number): number =>
+  baseSeed + 1_000_003 * (Math.floor(cursor / batchSize) + 1)

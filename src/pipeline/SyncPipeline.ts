@@ -1,13 +1,12 @@
 /**
  * The synchronous training loop (SkyRL's `fit`): generate a batch of groups → record them → train → publish the
  * weights → repeat; evaluate before, every `eval_interval` steps and after; checkpoint every `checkpoint.interval`
- * steps and at the end. `consumed.jsonl` gets one `{"uid", "step"}` line per prompt trained on, fsync'd per step.
+ * steps and at the end. `consumed.jsonl` gets one `{"uid", "cursor", "step"}` line per prompt trained on, fsync'd
+ * per step (ConsumedLog: a resume truncates it to the checkpoint's step).
  *
- * Sampling seeds depend on the step, so a prompt seen again in a later epoch is sampled afresh, and a run with the
+ * Sampling seeds depend on the step (PromptOrder.sampleSeed), so a prompt seen again in a later epoch is sampled afresh, and a run with the
  * same config and seed reproduces the same trajectories.
  */
-import * as fs from "node:fs/promises"
-import * as path from "node:path"
 import { Clock, Effect } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
@@ -19,6 +18,7 @@ import { EpisodeLog } from "../store/EpisodeLog.ts"
 import { WeightSync } from "../sync/WeightSync.ts"
 import { PolicyModel } from "../trainer/PolicyModel.ts"
 import { Trainer } from "../trainer/Trainer.ts"
+import * as ConsumedLog from "./ConsumedLog.ts"
 import * as Evaluator from "./Evaluator.ts"
 import * as PromptOrder from "./PromptOrder.ts"
 
@@ -45,16 +45,31 @@ export const totalSteps = (config: RunConfig, trainRows: number): number => {
   return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
 }
 
-const appendDurable = (file: string, text: string) =>
-  Effect.tryPromise(async () => {
-    const handle = await fs.open(file, "a")
-    try {
-      await handle.writeFile(text)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-  }).pipe(Effect.orDie)
+/** Evaluate on the held-out rows at `step` (recorded as an `eval` metrics event); undefined when there are none. */
+export const evaluation = (config: RunConfig, val: ReadonlyArray<PromptRow>) => {
+  const evalOptions = {
+    samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
+    temperature: config.generator.eval_sampling.temperature,
+    topP: config.generator.eval_sampling.top_p,
+    topK: config.generator.eval_sampling.top_k,
+    stopStrings: config.generator.eval_sampling.stop,
+    unordered: false
+  }
+  return (label: string, step: number) =>
+    Effect.gen(function* () {
+      if (val.length === 0) return undefined
+      const metrics = yield* Metrics
+      const t0 = yield* Clock.currentTimeMillis
+      const { report } = yield* Evaluator.run(val, { ...evalOptions, seed: config.generator.seed + 7919 * step })
+      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
+      yield* metrics.record("eval", step, { ...Evaluator.metrics(report), "timing/eval": seconds })
+      const all = report["all"]!
+      yield* Effect.logInfo(
+        `eval ${label} (step ${step}): avg_score ${all.avg_score.toFixed(3)}, pass@n ${all.pass_at_n.toFixed(3)} over ${all.prompts} prompts`
+      )
+      return report
+    })
+}
 
 export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
   const { config, runDir, train, val } = inputs
@@ -81,40 +96,23 @@ export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
     const restored = yield* checkpointer.read(inputs.resumeFrom)
     yield* trainer.restore(restored.trainer)
     firstStep = restored.trainer.step + 1
+    // steps after the checkpoint are trained again: forget their lines (ConsumedLog) and any torn episode line
+    yield* ConsumedLog.truncateTo(runDir, restored.trainer.step)
+    yield* ConsumedLog.dropTornTail(episodeLog.file)
+    // the engine starts at version 0: tell it the restored weights' version, so trajectories record it
+    yield* weightSync.publish({ version: yield* trainer.version, snapshot: trainer.snapshot }).pipe(Effect.orDie)
     yield* Effect.logInfo(`resumed from ${inputs.resumeFrom} at step ${restored.trainer.step}`)
   }
-  const evalOptions = {
-    samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
-    temperature: config.generator.eval_sampling.temperature,
-    topP: config.generator.eval_sampling.top_p,
-    topK: config.generator.eval_sampling.top_k,
-    stopStrings: config.generator.eval_sampling.stop,
-    unordered: false
-  }
-  const evaluate = (label: string, step: number) =>
-    Effect.gen(function* () {
-      if (val.length === 0) return undefined
-      const t0 = yield* Clock.currentTimeMillis
-      const { report } = yield* Evaluator.run(val, { ...evalOptions, seed: config.generator.seed + 7919 * step })
-      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
-      yield* metrics.record("eval", step, { ...Evaluator.metrics(report), "timing/eval": seconds })
-      const all = report["all"]!
-      yield* Effect.logInfo(
-        `eval ${label} (step ${step}): avg_score ${all.avg_score.toFixed(3)}, pass@n ${all.pass_at_n.toFixed(3)} over ${all.prompts} prompts`
-      )
-      return report
-    })
+  const evaluate = evaluation(config, val)
 
   const evalBefore =
     config.trainer.eval_before_train && firstStep === 1 ? yield* evaluate("before training", 0) : undefined
-  const consumedFile = path.join(runDir, "consumed.jsonl")
-
   for (let step = firstStep; step <= steps; step++) {
     const prompts = order.slice((step - 1) * B, step * B)
     const t0 = yield* Clock.currentTimeMillis
     const groups = yield* Effect.forEach(
       prompts,
-      (prompt) => generator.group(prompt, { seed: config.generator.seed + 1_000_003 * step }),
+      (prompt) => generator.group(prompt, { seed: PromptOrder.sampleSeed(config.generator.seed, prompt.cursor, B) }),
       { concurrency: config.generator.max_concurrent_groups }
     )
     const generateSeconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
@@ -125,7 +123,7 @@ export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
     const t1 = yield* Clock.currentTimeMillis
     yield* weightSync.publish({ version: result.version, snapshot: trainer.snapshot }).pipe(Effect.orDie)
     const syncSeconds = ((yield* Clock.currentTimeMillis) - t1) / 1000
-    yield* appendDurable(consumedFile, groups.map((g) => `${JSON.stringify({ uid: g.promptUid, step })}\n`).join(""))
+    yield* ConsumedLog.append(runDir, step, groups)
     const values = {
       ...result.metrics,
       "trainer/policy_version": result.version,

@@ -4,7 +4,8 @@
  *     HF transformers or vLLM;
  *   - `optimizer.safetensors` (AdamW moments, names `m/<param>` and `v/<param>`);
  *   - `trainer_state.json` (step, policy version, optimizer step, KL coefficient, and the caller's data state:
- *     cursor, consumed prompt uids, ...).
+ *     cursor, consumed prompt uids, ...);
+ *   - any extra files the caller passes (the async pipeline's `inflight.jsonl`).
  * The `latest` file (the directory name) is written last, by rename, so a crash mid-save leaves the previous
  * checkpoint as `latest`. Only the newest `keep_n` step directories are kept.
  */
@@ -37,7 +38,9 @@ export class Checkpointer extends Context.Service<
       step: number,
       model: Transformer.Transformer,
       trainer: TrainerState,
-      data: Readonly<Record<string, unknown>>
+      data: Readonly<Record<string, unknown>>,
+      /** Extra files (name → text) written into the checkpoint before it is published, e.g. in-flight groups. */
+      files?: Readonly<Record<string, string>>
     ) => Effect.Effect<Saved, CheckpointError>
     /** The checkpoint directory `latest` names, or `path` itself; undefined when there is none yet. */
     readonly resolve: (which: string) => Effect.Effect<string | undefined, CheckpointError>
@@ -63,7 +66,8 @@ export const make = (options: {
     step: number,
     model: Transformer.Transformer,
     trainer: TrainerState,
-    data: Readonly<Record<string, unknown>>
+    data: Readonly<Record<string, unknown>>,
+    files: Readonly<Record<string, string>> = {}
   ) {
     const name = `step-${step}`
     const dir = path.join(root, name)
@@ -96,6 +100,9 @@ export const make = (options: {
     yield* attempt(tmp, "trainer state", () =>
       fs.writeFile(path.join(tmp, "trainer_state.json"), `${JSON.stringify(state, null, 2)}\n`)
     )
+    for (const [file, text] of Object.entries(files)) {
+      yield* attempt(tmp, file, () => fs.writeFile(path.join(tmp, path.basename(file)), text))
+    }
     yield* attempt(dir, "publish", async () => {
       await fs.rm(dir, { recursive: true, force: true })
       await fs.rename(tmp, dir)
