@@ -1,24 +1,28 @@
 /**
  * The in-process inference engine: token ids in, tokens + behaviour log-probs + finish reason out, sampled from a
- * Transformer in this process with the KV-cache sampler (model/Sampling.ts).
+ * Transformer in this process (model/Sampling.ts rules, model/KvCache.ts cache).
+ *
+ * Continuous batching: one scheduler fiber owns a running batch and its KV cache. Each iteration it (1) runs one
+ * decode step for every running row, (2) admits waiting requests (up to `maxBatch` rows) by prefilling them and
+ * merging their cache into the running one, and (3) drops finished rows. Concurrent `generate` calls (the K
+ * generation fibers of the pipeline, each a GRPO group) therefore share each forward pass: a decode step is
+ * overhead-bound, so one batch of 16 costs little more than one of 4.
  *
  * Weights and versions:
- * - `updateWeights(snapshot)` loads the snapshot into the engine's model in place. Decode steps are synchronous
- *   blocks between awaits, so an update always lands between two decode steps: requests in flight continue on the
- *   new weights from their next token (their cached keys/values stay), and each result reports the versions of its
- *   first and last token.
+ * - `updateWeights(snapshot)` loads the snapshot into the engine's model in place. The scheduler yields to the event
+ *   loop between decode steps, so an update always lands between two steps: requests in flight continue on the new
+ *   weights from their next token (their cached keys/values stay), and each result reports the versions of its first
+ *   and last token.
  * - A snapshot with no tensors only advances the version: for an engine sharing the trainer's variables in process,
- *   where the weights have already changed in place.
+ *   whose weights have already changed in place.
  * - Versions never go backwards (a defect).
- * `pause` holds every request before its next decode step; `resume` releases them; updates apply while paused.
- *
- * Concurrent `generate` calls run interleaved (one decode step at a time each) and share one fused inference view of
- * the current weights, rebuilt once per version.
+ * `pause` holds the scheduler before its next decode step; `resume` releases it; updates apply while paused.
  */
-import { Effect, Layer } from "effect"
+import { Deferred, Effect, Latch, Layer } from "effect"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import * as KvCache from "../model/KvCache.ts"
 import * as Sampling from "../model/Sampling.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
@@ -30,7 +34,7 @@ export interface LocalEngineOptions {
   readonly initialVersion?: PolicyVersion.PolicyVersion
   /** Token ids → text, needed for stop strings. */
   readonly decode?: (ids: ReadonlyArray<number>) => string
-  /** At most this many requests per batched forward (default 32); larger calls run in consecutive batches. */
+  /** At most this many rows decode together (default 64); more requests wait for room. */
   readonly maxBatch?: number
   /** See model/Sampling.ts. Default "processed". */
   readonly logprobsMode?: "processed" | "raw"
@@ -38,54 +42,194 @@ export interface LocalEngineOptions {
 
 const engineName = "local"
 
+/** One `generate` call: its rows finish independently; the call completes when all have. */
+interface Submission {
+  readonly rows: ReadonlyArray<Sampling.Row>
+  readonly done: Deferred.Deferred<void, InferenceError>
+  remaining: number
+  cancelled: boolean
+}
+
+/** A row in the running batch. `pending` is its last sampled token, not yet in the cache. */
+interface Running {
+  readonly row: Sampling.Row
+  readonly submission: Submission
+  pending: number
+}
+
 /** Yield to the macrotask queue, so fibers that publish weights or pause get to run between decode steps. */
-const yieldToEventLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve))
+const yieldToEventLoop = Effect.promise(() => new Promise<void>((resolve) => setImmediate(resolve)))
+
+const internal = (cause: unknown) =>
+  new InferenceError({
+    engine: engineName,
+    reason: "Internal",
+    message: cause instanceof Error ? cause.message : String(cause)
+  })
 
 export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   const { model } = options
-  const maxBatch = options.maxBatch ?? 32
+  const maxBatch = options.maxBatch ?? 64
+  const maxContext = model.config.maxPositionEmbeddings
+  const sampleOptions = {
+    ...(options.decode !== undefined ? { decode: options.decode } : {}),
+    ...(options.logprobsMode !== undefined ? { logprobsMode: options.logprobsMode } : {})
+  }
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
   let view: { readonly version: number; readonly view: Transformer.WeightView } | undefined
-  let paused = false
-  let waiters: Array<() => void> = []
+  let running: Array<Running> = []
+  let cache: KvCache.KvCache | undefined
+  let waiting: Array<Submission> = []
+  const work = yield* Latch.make(false) // open while there is something to do
+  const notPaused = yield* Latch.make(true)
 
-  const currentView = (v: number): Transformer.WeightView => {
-    if (view === undefined || view.version !== v) {
+  const currentView = (): Transformer.WeightView => {
+    if (view === undefined || view.version !== version) {
       if (view !== undefined) Transformer.disposeView(view.view)
-      view = { version: v, view: Transformer.inferenceView(model) }
+      view = { version, view: Transformer.inferenceView(model) }
     }
     return view.view
   }
-  yield* Effect.addFinalizer(() =>
-    Effect.sync(() => {
-      if (view !== undefined) Transformer.disposeView(view.view)
-      view = undefined
-    })
-  )
-
-  const beforeStep = (signal: AbortSignal) => async (): Promise<number> => {
-    await yieldToEventLoop()
-    while (paused) await new Promise<void>((resolve) => waiters.push(resolve))
-    if (signal.aborted) throw new Error("generation interrupted")
-    return version
+  const dropView = () => {
+    if (view !== undefined) Transformer.disposeView(view.view)
+    view = undefined
   }
 
-  const runBatch = (requests: ReadonlyArray<GenerateRequest>) =>
-    Effect.tryPromise({
-      try: (signal) =>
-        Sampling.generate(model, requests, {
-          beforeStep: beforeStep(signal),
-          view: currentView,
-          ...(options.decode !== undefined ? { decode: options.decode } : {}),
-          ...(options.logprobsMode !== undefined ? { logprobsMode: options.logprobsMode } : {})
-        }),
-      catch: (cause) =>
-        new InferenceError({
-          engine: engineName,
-          reason: "Internal",
-          message: cause instanceof Error ? cause.message : String(cause)
-        })
+  /** Keep the running rows at these indices (and their cache rows). */
+  const keepRows = (keep: ReadonlyArray<number>) => {
+    if (keep.length === running.length) return
+    running = keep.map((i) => running[i]!)
+    if (cache !== undefined) {
+      if (keep.length === 0) {
+        KvCache.dispose(cache)
+        cache = undefined
+      } else {
+        cache = KvCache.trim(KvCache.select(cache, keep))
+      }
+    }
+  }
+
+  /** Record a sampled token; returns the submissions this completed. */
+  const settle = (entry: Running, token: number | undefined, finished: Array<Submission>): boolean => {
+    if (token !== undefined) {
+      entry.pending = token
+      return true
+    }
+    entry.submission.remaining--
+    if (entry.submission.remaining === 0) finished.push(entry.submission)
+    return false
+  }
+
+  /** One scheduler iteration (synchronous tensor work). Returns the submissions that completed. */
+  const iterate = (): Array<Submission> => {
+    const finished: Array<Submission> = []
+    const v = version
+    // drop rows whose caller went away
+    keepRows(running.flatMap((r, i) => (r.submission.cancelled ? [] : [i])))
+    waiting = waiting.filter((s) => !s.cancelled)
+    // (1) one decode step for the running batch
+    if (running.length > 0 && cache !== undefined) {
+      const stepped = KvCache.extend(
+        model,
+        currentView(),
+        cache,
+        running.map((r) => r.pending)
+      )
+      cache = stepped.cache
+      const V = stepped.logits.length / running.length
+      const keep: Array<number> = []
+      running.forEach((entry, i) => {
+        const token = Sampling.advance(
+          entry.row,
+          stepped.logits.subarray(i * V, (i + 1) * V),
+          v,
+          maxContext,
+          sampleOptions
+        )
+        if (settle(entry, token, finished)) keep.push(i)
+      })
+      keepRows(keep)
+    }
+    // (2) admit waiting requests while there is room
+    const admitted: Array<Running> = []
+    while (waiting.length > 0) {
+      // a call larger than maxBatch is admitted alone, into an empty batch
+      const size = running.length + admitted.length
+      if (size > 0 && size + waiting[0]!.remaining > maxBatch) break
+      const submission = waiting.shift()!
+      for (const row of submission.rows) {
+        if (row.finishReason === undefined) admitted.push({ row, submission, pending: -1 })
+      }
+    }
+    if (admitted.length > 0) {
+      const stepped = KvCache.prefill(
+        model,
+        currentView(),
+        admitted.map((a) => a.row.request.promptIds)
+      )
+      const V = stepped.logits.length / admitted.length
+      const keep: Array<number> = []
+      admitted.forEach((entry, i) => {
+        const token = Sampling.advance(
+          entry.row,
+          stepped.logits.subarray(i * V, (i + 1) * V),
+          v,
+          maxContext,
+          sampleOptions
+        )
+        if (settle(entry, token, finished)) keep.push(i)
+      })
+      const fresh =
+        keep.length === admitted.length
+          ? stepped.cache
+          : keep.length > 0
+            ? KvCache.select(stepped.cache, keep)
+            : undefined
+      if (keep.length === 0) KvCache.dispose(stepped.cache)
+      if (fresh !== undefined) {
+        cache = cache === undefined ? fresh : KvCache.merge(cache, fresh)
+        running = [...running, ...keep.map((i) => admitted[i]!)]
+      }
+    }
+    return finished
+  }
+
+  /** Fail everything in flight (a forward threw): the batch state cannot be trusted. */
+  const failAll = (error: InferenceError) =>
+    Effect.gen(function* () {
+      const submissions = new Set([...running.map((r) => r.submission), ...waiting])
+      running = []
+      waiting = []
+      if (cache !== undefined) KvCache.dispose(cache)
+      cache = undefined
+      for (const s of submissions) yield* Deferred.fail(s.done, error)
     })
+
+  const scheduler = Effect.gen(function* () {
+    while (true) {
+      if (running.length === 0 && waiting.length === 0) {
+        yield* work.close
+        yield* work.await
+      }
+      yield* notPaused.await
+      yield* yieldToEventLoop
+      const result = yield* Effect.try({ try: iterate, catch: internal }).pipe(Effect.result)
+      if (result._tag === "Failure") {
+        yield* Effect.logError(`LocalEngine: decode step failed: ${result.failure.message}`)
+        yield* failAll(result.failure)
+        continue
+      }
+      for (const s of result.success) yield* Deferred.succeed(s.done, undefined)
+    }
+  })
+  yield* Effect.forkScoped(scheduler)
+  yield* Effect.addFinalizer(() =>
+    Effect.sync(() => {
+      if (cache !== undefined) KvCache.dispose(cache)
+      cache = undefined
+      dropView()
+    })
+  )
 
   const generate = Effect.fn("LocalEngine.generate")(function* (requests: ReadonlyArray<GenerateRequest>) {
     const empty = requests.findIndex((r) => r.promptIds.length === 0)
@@ -96,22 +240,45 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
         message: `request ${empty} has an empty prompt`
       })
     }
-    const results: Array<GenerateResult> = []
-    for (let start = 0; start < requests.length; start += maxBatch) {
-      const completions = yield* runBatch(requests.slice(start, start + maxBatch))
-      for (const c of completions) {
-        const first = c.versions[0] ?? version
-        const last = c.versions[c.versions.length - 1] ?? version
-        results.push({
-          tokens: c.tokens,
-          logprobs: c.logprobs,
-          finishReason: c.finishReason,
-          policyVersionFirst: PolicyVersion.make(first),
-          policyVersionLast: PolicyVersion.make(last)
-        })
-      }
+    const tooBig = requests.findIndex((r) =>
+      r.promptIds.some((id) => !Number.isInteger(id) || id < 0 || id >= model.config.vocabSize)
+    )
+    if (tooBig >= 0) {
+      return yield* new InferenceError({
+        engine: engineName,
+        reason: "BadResponse",
+        message: `request ${tooBig} has a token id outside the vocabulary`
+      })
     }
-    return results
+    const rows = requests.map((request) => Sampling.startRow(request, maxContext))
+    const remaining = rows.filter((r) => r.finishReason === undefined).length
+    if (remaining > 0) {
+      const submission: Submission = {
+        rows,
+        done: yield* Deferred.make<void, InferenceError>(),
+        remaining,
+        cancelled: false
+      }
+      waiting.push(submission)
+      yield* work.open
+      yield* Deferred.await(submission.done).pipe(
+        Effect.onInterrupt(() =>
+          Effect.sync(() => {
+            submission.cancelled = true
+          })
+        )
+      )
+    }
+    return rows.map((row): GenerateResult => {
+      const c = Sampling.toCompletion(row)
+      return {
+        tokens: c.tokens,
+        logprobs: c.logprobs,
+        finishReason: c.finishReason,
+        policyVersionFirst: PolicyVersion.make(c.versions[0] ?? version),
+        policyVersionLast: PolicyVersion.make(c.versions[c.versions.length - 1] ?? version)
+      }
+    })
   })
 
   const updateWeights = (snapshot: WeightSnapshot) =>
@@ -122,9 +289,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       return Effect.try({
         try: () => {
           if (snapshot.names.length > 0) Snapshot.load(model, snapshot)
-          // a new version, or new weights at the same version: either way the fused view is stale
-          if (view !== undefined) Transformer.disposeView(view.view)
-          view = undefined
+          dropView() // new weights (even at the same version): the fused view is stale
           version = snapshot.version
         },
         catch: (cause) =>
@@ -136,21 +301,11 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       })
     })
 
-  const pause = Effect.sync(() => {
-    paused = true
-  })
-  const resume = Effect.sync(() => {
-    paused = false
-    const release = waiters
-    waiters = []
-    for (const w of release) w()
-  })
-
   return InferenceEngine.of({
     generate,
     updateWeights,
-    pause,
-    resume,
+    pause: Effect.asVoid(notPaused.close),
+    resume: Effect.asVoid(notPaused.open),
     version: Effect.sync(() => version)
   })
 })

@@ -134,3 +134,85 @@ export const dispose = (cache: KvCache): void => {
     c.values.dispose()
   }
 }
+
+/** Left-pad a cache to length L with masked-out zero keys/values (alignment of real tokens is kept on the right). */
+const padTo = (cache: KvCache, L: number): { layers: Array<Transformer.LayerCache>; keyMask: Uint8Array } => {
+  const pad = L - cache.length
+  if (pad === 0) return { layers: [...cache.layers], keyMask: cache.keyMask }
+  const keyMask = new Uint8Array(cache.batch * L)
+  for (let b = 0; b < cache.batch; b++) {
+    keyMask.set(cache.keyMask.subarray(b * cache.length, (b + 1) * cache.length), b * L + pad)
+  }
+  const layers = cache.layers.map((c) =>
+    tf.tidy(() => ({
+      keysT: tf.pad(c.keysT, [
+        [0, 0],
+        [0, 0],
+        [0, 0],
+        [pad, 0]
+      ]) as tf.Tensor4D, // [B, Hkv, hd, L]
+      values: tf.pad(c.values, [
+        [0, 0],
+        [0, 0],
+        [pad, 0],
+        [0, 0]
+      ]) as tf.Tensor4D // [B, Hkv, L, hd]
+    }))
+  )
+  return { layers, keyMask }
+}
+
+/**
+ * Stack two caches along the batch (rows of `a` first), left-padding the shorter one: how a continuous-batching
+ * engine adds freshly prefilled requests to the running batch. Disposes both inputs' tensors.
+ */
+export const merge = (a: KvCache, b: KvCache): KvCache => {
+  const L = Math.max(a.length, b.length)
+  const pa = padTo(a, L)
+  const pb = padTo(b, L)
+  const layers = pa.layers.map((la, l) =>
+    tf.tidy(() => ({
+      keysT: tf.concat([la.keysT, pb.layers[l]!.keysT], 0) as tf.Tensor4D, // [Ba + Bb, Hkv, hd, L]
+      values: tf.concat([la.values, pb.layers[l]!.values], 0) as tf.Tensor4D // [Ba + Bb, Hkv, L, hd]
+    }))
+  )
+  for (const p of [pa, pb]) {
+    for (const c of p.layers) {
+      c.keysT.dispose()
+      c.values.dispose()
+    }
+  }
+  if (a.length < L) dispose(a)
+  if (b.length < L) dispose(b)
+  const keyMask = new Uint8Array((a.batch + b.batch) * L)
+  keyMask.set(pa.keyMask, 0)
+  keyMask.set(pb.keyMask, a.batch * L)
+  const nextPosition = new Int32Array(a.batch + b.batch)
+  nextPosition.set(a.nextPosition, 0)
+  nextPosition.set(b.nextPosition, a.batch)
+  return { layers, keyMask, nextPosition, batch: a.batch + b.batch, length: L }
+}
+
+/** Drop leading key slots that are padding in every row (left after long rows finish). Disposes the old tensors. */
+export const trim = (cache: KvCache): KvCache => {
+  const L = cache.length
+  let drop = 0
+  while (drop < L - 1) {
+    let allPad = true
+    for (let b = 0; b < cache.batch && allPad; b++) if (cache.keyMask[b * L + drop]! > 0) allPad = false
+    if (!allPad) break
+    drop++
+  }
+  if (drop === 0) return cache
+  const keep = L - drop
+  const layers = cache.layers.map((c) =>
+    tf.tidy(() => ({
+      keysT: tf.slice(c.keysT, [0, 0, 0, drop], [-1, -1, -1, keep]) as tf.Tensor4D,
+      values: tf.slice(c.values, [0, 0, drop, 0], [-1, -1, keep, -1]) as tf.Tensor4D
+    }))
+  )
+  const keyMask = new Uint8Array(cache.batch * keep)
+  for (let b = 0; b < cache.batch; b++) keyMask.set(cache.keyMask.subarray(b * L + drop, (b + 1) * L), b * keep)
+  dispose(cache)
+  return { layers, keyMask, nextPosition: cache.nextPosition, batch: cache.batch, length: keep }
+}

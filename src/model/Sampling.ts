@@ -238,7 +238,8 @@ const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray
   }
 }
 
-interface Row {
+/** One request's generation state (exported for engines that schedule rows themselves, e.g. LocalEngine). */
+export interface Row {
   readonly request: Request
   readonly prng: Prng.Prng
   readonly tokens: Array<number>
@@ -247,32 +248,65 @@ interface Row {
   finishReason?: FinishReason
 }
 
+/** A fresh row; already finished (`length`) when it may not generate at all (maxNewTokens 0, prompt fills context). */
+export const startRow = (request: Request, maxContext: number): Row => {
+  if (request.promptIds.length === 0) throw new Error("Sampling: empty prompt")
+  const row: Row = { request, prng: Prng.make(request.sampling.seed), tokens: [], logprobs: [], versions: [] }
+  if (request.sampling.maxNewTokens <= 0 || request.promptIds.length >= maxContext) row.finishReason = "length"
+  return row
+}
+
+/**
+ * Draw the row's next token from its logits and apply the stop rules. Returns the token, or undefined when the row
+ * has finished (the token that finished it is recorded).
+ */
+export const advance = (
+  row: Row,
+  logits: Float32Array,
+  version: number,
+  maxContext: number,
+  options: Pick<Options, "decode" | "logprobsMode"> = {}
+): number | undefined => {
+  const s = row.request.sampling
+  const { token, logprob } = pick(logits, s, row.prng, options.logprobsMode ?? "processed")
+  row.tokens.push(token)
+  row.logprobs.push(logprob)
+  row.versions.push(version)
+  if (s.stopTokenIds.includes(token)) row.finishReason = "stop"
+  else if (s.stopStrings.length > 0 && options.decode !== undefined) {
+    const text = options.decode(row.tokens)
+    if (s.stopStrings.some((stop) => stop.length > 0 && text.includes(stop))) row.finishReason = "stop"
+  }
+  if (row.finishReason === undefined) {
+    if (row.tokens.length >= s.maxNewTokens || row.request.promptIds.length + row.tokens.length >= maxContext) {
+      row.finishReason = "length"
+    }
+  }
+  return row.finishReason === undefined ? token : undefined
+}
+
+export const toCompletion = (row: Row): Completion => ({
+  tokens: row.tokens,
+  logprobs: row.logprobs,
+  versions: row.versions,
+  finishReason: row.finishReason ?? "length"
+})
+
 /** Generate for a batch of requests; results in request order. Rejects on an empty prompt. */
 export const generate = async (
   model: Transformer.Transformer,
   requests: ReadonlyArray<Request>,
   options: Options = {}
 ): Promise<Array<Completion>> => {
-  const rows: Array<Row> = requests.map((request) => ({
-    request,
-    prng: Prng.make(request.sampling.seed),
-    tokens: [],
-    logprobs: [],
-    versions: []
-  }))
   const maxContext = model.config.maxPositionEmbeddings
-  const isDone = (row: Row): boolean =>
-    row.request.sampling.maxNewTokens <= 0 || row.request.promptIds.length >= maxContext
-  let active = rows.map((_, i) => i).filter((i) => !isDone(rows[i]!))
-  for (const row of rows) if (isDone(row)) row.finishReason = "length"
-  if (rows.some((r) => r.request.promptIds.length === 0)) throw new Error("Sampling.generate: empty prompt")
+  const rows = requests.map((request) => startRow(request, maxContext))
+  let active = rows.map((_, i) => i).filter((i) => rows[i]!.finishReason === undefined)
   if (active.length === 0) return rows.map(toCompletion)
 
   const prompts = active.map((i) => rows[i]!.request.promptIds)
   const stepper = options.useCache === false ? referenceStepper(model, prompts) : cacheStepper(model, prompts)
   let version: number | undefined
   let view: Transformer.WeightView | undefined
-  const mode = options.logprobsMode ?? "processed"
   try {
     let appended: Array<number> | undefined
     while (active.length > 0) {
@@ -288,23 +322,8 @@ export const generate = async (
       const still: Array<number> = []
       appended = []
       active.forEach((r, i) => {
-        const row = rows[r]!
-        const s = row.request.sampling
-        const { token, logprob } = pick(logits.subarray(i * V, (i + 1) * V), s, row.prng, mode)
-        row.tokens.push(token)
-        row.logprobs.push(logprob)
-        row.versions.push(v)
-        if (s.stopTokenIds.includes(token)) row.finishReason = "stop"
-        else if (s.stopStrings.length > 0 && options.decode !== undefined) {
-          const text = options.decode(row.tokens)
-          if (s.stopStrings.some((stop) => stop.length > 0 && text.includes(stop))) row.finishReason = "stop"
-        }
-        if (row.finishReason === undefined) {
-          if (row.tokens.length >= s.maxNewTokens || row.request.promptIds.length + row.tokens.length >= maxContext) {
-            row.finishReason = "length"
-          }
-        }
-        if (row.finishReason === undefined) {
+        const token = advance(rows[r]!, logits.subarray(i * V, (i + 1) * V), v, maxContext, options)
+        if (token !== undefined) {
           still.push(i)
           appended!.push(token)
         }
@@ -319,10 +338,3 @@ export const generate = async (
   }
   return rows.map(toCompletion)
 }
-
-const toCompletion = (row: Row): Completion => ({
-  tokens: row.tokens,
-  logprobs: row.logprobs,
-  versions: row.versions,
-  finishReason: row.finishReason ?? "length"
-})

@@ -119,4 +119,56 @@ describe("LocalEngine", () => {
       })
     )
   )
+
+  it.live("concurrent calls share the running batch (joining mid-flight) and each gets what it would get alone", () =>
+    withEngine((model) =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const sampled = (seed: number, n: number): SamplingParams => ({
+          ...Sampling.defaultParams,
+          temperature: 1,
+          maxNewTokens: n,
+          seed
+        })
+        const calls = [
+          [{ promptIds: [1, 2, 3, 4, 5, 6, 7], sampling: sampled(1, 20) }],
+          [
+            { promptIds: [9], sampling: greedy(6) },
+            { promptIds: [3, 3], sampling: sampled(2, 9) }
+          ],
+          [{ promptIds: [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14], sampling: sampled(3, 4) }]
+        ]
+        const first = yield* Effect.forkChild(engine.generate(calls[0]!))
+        yield* turns(4) // the first call is decoding when the others arrive
+        const rest = yield* Effect.forkChild(
+          Effect.all([engine.generate(calls[1]!), engine.generate(calls[2]!)], { concurrency: "unbounded" })
+        )
+        const results = [yield* Fiber.join(first), ...(yield* Fiber.join(rest))]
+        for (const [i, call] of calls.entries()) {
+          const alone = yield* Effect.promise(() => Sampling.generate(model, call))
+          assert.deepStrictEqual(
+            results[i]!.map((r) => r.tokens),
+            alone.map((c) => c.tokens)
+          )
+          results[i]!.forEach((r, j) =>
+            r.logprobs.forEach((lp, t) => assert.approximately(lp, alone[j]!.logprobs[t]!, 1e-4))
+          )
+        }
+      })
+    )
+  )
+
+  it.live("an interrupted call leaves the batch; the others finish", () =>
+    withEngine(() =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const long = yield* Effect.forkChild(engine.generate([{ promptIds: [1, 2], sampling: greedy(100) }]))
+        const short = yield* Effect.forkChild(engine.generate([{ promptIds: [3, 4], sampling: greedy(10) }]))
+        yield* turns(3)
+        yield* Fiber.interrupt(long)
+        const [result] = yield* Fiber.join(short)
+        assert.strictEqual(result!.tokens.length, 10)
+      })
+    )
+  )
 })

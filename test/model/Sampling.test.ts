@@ -197,3 +197,47 @@ describe("Sampling.pick", () => {
     }
   })
 })
+
+describe("KvCache.merge / trim", () => {
+  it("rows decode the same after merging caches of different lengths and trimming shared padding", async () => {
+    const { prefill, extend, merge, select, trim, dispose } = await import("../../src/model/KvCache.ts")
+    const view = Transformer.inferenceView(model)
+    const before = tf.memory().numTensors
+    const argmax = (row: Float32Array) => row.indexOf(Math.max(...row))
+    // reference: each prompt alone, greedy for 4 steps
+    const greedyAlone = (prompt: Array<number>) => {
+      let s = prefill(model, view, [prompt])
+      const out = [argmax(s.logits)]
+      for (let i = 0; i < 3; i++) {
+        s = extend(model, view, s.cache, [out[out.length - 1]!])
+        out.push(argmax(s.logits))
+      }
+      dispose(s.cache)
+      return out
+    }
+    const a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    const b = [20, 21]
+    const expected = [greedyAlone(a), greedyAlone(b)]
+    const sa = prefill(model, view, [a])
+    const sb = prefill(model, view, [b])
+    let cache = merge(sa.cache, sb.cache)
+    assert.strictEqual(cache.length, 9)
+    const V = config.vocabSize
+    let tokens = [argmax(sa.logits), argmax(sb.logits)]
+    const got = [[tokens[0]!], [tokens[1]!]]
+    for (let i = 0; i < 3; i++) {
+      const s = extend(model, view, cache, tokens)
+      cache = s.cache
+      tokens = [argmax(s.logits.subarray(0, V)), argmax(s.logits.subarray(V))]
+      got[0]!.push(tokens[0]!)
+      got[1]!.push(tokens[1]!)
+    }
+    assert.deepStrictEqual(got, expected)
+    // dropping the long row leaves 7 leading padding slots, which trim removes
+    cache = trim(select(cache, [1]))
+    assert.strictEqual(cache.length, b.length + 3)
+    dispose(cache)
+    assert.strictEqual(tf.memory().numTensors, before)
+    Transformer.disposeView(view)
+  })
+})
