@@ -1,0 +1,71 @@
+import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { assert, describe, it } from "@effect/vitest"
+import * as Cli from "../fixtures/Cli.ts"
+
+const readJsonl = (file: string): Array<Record<string, unknown>> =>
+  readFileSync(file, "utf8")
+    .split("\n")
+    .filter((l) => l.trim() !== "")
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+
+describe("train (configs/tiny.yaml, end to end)", () => {
+  it("trains 2 steps, resumes from the latest checkpoint for a 3rd, and writes metrics, checkpoints and episodes", () => {
+    const runDir = mkdtempSync(join(tmpdir(), "effect-rl-train-"))
+    const first = Cli.run(["train", "--config", "configs/tiny.yaml", "--run-dir", runDir, "trainer.max_steps=2"], {
+      timeoutMs: 600_000
+    })
+    assert.strictEqual(first.code, 0, first.stderr.slice(-3000))
+    const summary = JSON.parse(first.lastLine)
+    assert.strictEqual(summary.event, "summary")
+    assert.strictEqual(summary.steps, 2)
+    assert.strictEqual(summary.runDir, runDir)
+    for (const key of ["evalBefore", "evalAfter"]) {
+      assert.isTrue(Number.isFinite(summary[key].all.avg_score), key)
+      assert.isTrue(Number.isFinite(summary[key].toolbox.pass_at_n), key)
+    }
+    assert.include(first.stderr, "step 2/2")
+
+    const second = Cli.run(
+      ["train", "--config", "configs/tiny.yaml", "--run-dir", runDir, "--resume", "latest", "trainer.max_steps=3"],
+      { timeoutMs: 600_000 }
+    )
+    assert.strictEqual(second.code, 0, second.stderr.slice(-3000))
+    assert.include(second.stderr, "resumed from")
+    assert.strictEqual(JSON.parse(second.lastLine).steps, 3)
+
+    const train = readJsonl(join(runDir, "metrics.jsonl")).filter((m) => m["event"] === "train")
+    assert.deepStrictEqual(
+      train.map((m) => m["step"]),
+      [1, 2, 3]
+    )
+    for (const m of train) {
+      for (const key of ["reward/avg_raw_reward", "generate/avg_num_tokens", "timing/train_step"]) {
+        assert.isTrue(Number.isFinite(m[key]), `${key} at step ${m["step"]}`)
+      }
+    }
+    // 3 steps × 2 prompts × 4 samples, each group a line; every prompt consumed once
+    const groups = readJsonl(join(runDir, "episodes.jsonl"))
+    assert.strictEqual(groups.length, 6)
+    for (const g of groups) assert.strictEqual((g["trajectories"] as Array<unknown>).length, 4)
+    const consumed = readJsonl(join(runDir, "consumed.jsonl")).map((c) => c["uid"])
+    assert.strictEqual(consumed.length, 6)
+    assert.strictEqual(new Set(consumed).size, 6)
+
+    const latest = readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim()
+    assert.strictEqual(latest, "step-3")
+    for (const file of [
+      "config.json",
+      "model.safetensors",
+      "tokenizer.json",
+      "optimizer.safetensors",
+      "trainer_state.json"
+    ]) {
+      assert.isTrue(existsSync(join(runDir, "checkpoints", latest, file)), file)
+    }
+    // the checkpoint is a model directory the CLI can load
+    const info = Cli.run(["model", "info", "--model", join(runDir, "checkpoints", latest)])
+    assert.strictEqual(info.code, 0, info.stderr)
+  }, 900_000)
+})
