@@ -18,6 +18,7 @@ import * as MathEnv from "../src/env/MathEnv.ts"
 import * as McpClient from "../src/env/McpClient.ts"
 import * as McpToolEnv from "../src/env/McpToolEnv.ts"
 import * as ToolIo from "../src/env/ToolIo.ts"
+import * as TauEnv from "../src/env/tau/TauEnv.ts"
 import * as Generator from "../src/generator/Generator.ts"
 import { InferenceEngine } from "../src/inference/InferenceEngine.ts"
 import * as LocalEngine from "../src/inference/LocalEngine.ts"
@@ -83,7 +84,8 @@ export const environments = (c: RunConfig) => {
     c.environment.mcp_servers.length > 0 || c.environment.tool_io === "replay"
       ? McpToolEnv.layer(McpToolEnv.optionsFromConfig(c.environment, c.generator)).pipe(Layer.provide(toolIo(c)))
       : Layer.empty
-  return Layer.mergeAll(mcp, MathEnv.layer).pipe(Layer.provideMerge(EnvRegistry.layer()))
+  const tau = TauEnv.layerFromConfig(c.environment).pipe(Layer.provide(NodeServices.layer)) // `tau_bench` when environment.tau is set
+  return Layer.mergeAll(mcp, MathEnv.layer, tau).pipe(Layer.provideMerge(EnvRegistry.layer()))
 }
 
 /** Everything a training run needs. Initialises the tensor backend before any tensor exists. */

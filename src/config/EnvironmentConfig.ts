@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { PositiveInt, withDefault } from "./Field.ts"
+import { NonNegative, PositiveInt, SecretRef, withDefault } from "./Field.ts"
 
 /** One MCP server: a command over stdio, or a URL over Streamable HTTP. */
 export const McpServerConfig = Schema.Struct({
@@ -25,6 +25,34 @@ export const McpServerConfig = Schema.Struct({
 )
 export type McpServerConfig = typeof McpServerConfig.Type
 
+/** The simulated user's model: any OpenAI-compatible chat-completions endpoint. */
+export const TauUserLlmConfig = Schema.Struct({
+  url: Schema.NonEmptyString, // base URL, e.g. http://localhost:8000/v1
+  model: Schema.NonEmptyString,
+  api_key: Schema.optionalKey(SecretRef), // { env: OPENAI_API_KEY }
+  temperature: NonNegative.pipe(withDefault(0)),
+  timeout_ms: PositiveInt.pipe(withDefault(120_000))
+})
+
+/**
+ * tau-bench (`env_class: tau_bench`): where the data is, which domain rows without one use, the simulated user, and
+ * the action budget. The LLM user's calls follow `tool_io` (live, record, or replay from `replay_from`).
+ */
+export const TauConfig = Schema.Struct({
+  data_dir: Schema.NonEmptyString, // holds <domain>/db/*.json, tasks.json, tools.json, wiki.md
+  user: Schema.Literals(["scripted", "llm", "react", "verify", "reflection"]).pipe(withDefault("scripted")),
+  domain: Schema.Literals(["retail", "airline"]).pipe(withDefault("retail")),
+  max_steps: PositiveInt.pipe(withDefault(30)), // upstream's tool-calling agent: 30 actions, then reward 0
+  user_llm: Schema.optionalKey(TauUserLlmConfig)
+}).check(
+  Schema.makeFilter(
+    (t) =>
+      t.user === "scripted" ||
+      t.user_llm !== undefined || { path: ["user_llm"], issue: `user "${t.user}" needs user_llm (url, model)` }
+  )
+)
+export type TauConfig = typeof TauConfig.Type
+
 export const EnvironmentConfig = Schema.Struct({
   env_class: Schema.optionalKey(Schema.NonEmptyString), // used when a dataset row names none
   mcp_servers: Schema.Array(McpServerConfig).pipe(withDefault([])),
@@ -35,11 +63,6 @@ export const EnvironmentConfig = Schema.Struct({
   tool_io: Schema.Literals(["live", "record", "replay"]).pipe(withDefault("live")),
   replay_from: Schema.optionalKey(Schema.NonEmptyString), // episodes.jsonl whose tool results `replay` serves
   retries: PositiveInt.pipe(withDefault(2)),
-  tau: Schema.optionalKey(
-    Schema.Struct({
-      data_dir: Schema.NonEmptyString,
-      user: Schema.Literals(["scripted", "llm", "react", "verify", "reflection"]).pipe(withDefault("scripted"))
-    })
-  )
+  tau: Schema.optionalKey(TauConfig)
 })
 export type EnvironmentConfig = typeof EnvironmentConfig.Type

@@ -15,7 +15,8 @@
  * Rows (see TauBenchConverter): `reward_spec.ground_truth = {actions, outputs}`, `extra_info = {domain, task_id,
  * split, instruction}`. A row without a ground truth is looked up in the data directory by (split, task_id).
  */
-import { Clock, Effect, type FileSystem, type Layer, type Path } from "effect"
+import { Clock, Effect, type FileSystem, Layer, type Path } from "effect"
+import type { EnvironmentConfig, TauConfig } from "../../config/EnvironmentConfig.ts"
 import type { Message } from "../../domain/Message.ts"
 import type { PromptRow } from "../../domain/PromptRow.ts"
 import type { ToolCallRecord } from "../../domain/ToolCall.ts"
@@ -25,7 +26,7 @@ import * as ToolCallParser from "../ToolCallParser.ts"
 import * as Db from "./Db.ts"
 import * as Reward from "./Reward.ts"
 import * as Tool from "./Tool.ts"
-import { UserLlm, type UserLlmError } from "./UserLlm.ts"
+import * as UserLlm from "./UserLlm.ts"
 import * as UserSimulator from "./UserSimulator.ts"
 
 export const envClass = "tau_bench"
@@ -118,9 +119,9 @@ export const make = Effect.fn("TauEnv.make")(function* (row: PromptRow, options:
   const user: UserSimulator.UserSimulator =
     options.user === "scripted"
       ? UserSimulator.scripted(accomplished)
-      : UserSimulator.llm(yield* (yield* UserLlm).session, options.user)
+      : UserSimulator.llm(yield* (yield* UserLlm.UserLlm).session, options.user)
 
-  const userFailed = (e: UserLlmError) =>
+  const userFailed = (e: UserLlm.UserLlmError) =>
     new EnvError({
       envClass,
       reason: e.reason === "ReplayMiss" ? "ReplayMiss" : "Failed",
@@ -242,8 +243,28 @@ export const replayTask = Effect.fn("TauEnv.replayTask")(function* (task: TaskSp
   return { ...Reward.reward(data, db, task, replies), observations }
 })
 
+/** The options an `environment` section with a `tau` part gives. */
+export const optionsFromConfig = (env: EnvironmentConfig, tau: TauConfig): TauEnvOptions => ({
+  dataDir: tau.data_dir,
+  domain: tau.domain,
+  user: tau.user,
+  maxSteps: tau.max_steps,
+  toolCallFormat: env.tool_call_format
+})
+
+/**
+ * Registers `tau_bench` as an `environment` section asks (its user LLM included); registers nothing when the section
+ * has no `tau` part, so a composition root can merge it unconditionally.
+ */
+export const layerFromConfig = (
+  env: EnvironmentConfig
+): Layer.Layer<never, never, EnvRegistry.EnvRegistry | FileSystem.FileSystem | Path.Path> =>
+  env.tau === undefined
+    ? Layer.empty
+    : layer(optionsFromConfig(env, env.tau)).pipe(Layer.provide(UserLlm.layerFromConfig(env)), Layer.orDie)
+
 /** Registers `tau_bench` in the EnvRegistry; needs the user LLM (`UserLlm.layerNone` for the scripted user). */
 export const layer = (
   options: TauEnvOptions
-): Layer.Layer<never, never, EnvRegistry.EnvRegistry | UserLlm | FileSystem.FileSystem | Path.Path> =>
+): Layer.Layer<never, never, EnvRegistry.EnvRegistry | UserLlm.UserLlm | FileSystem.FileSystem | Path.Path> =>
   EnvRegistry.layerRegister(envClass, (row) => make(row, options))

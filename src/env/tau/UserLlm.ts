@@ -12,9 +12,22 @@
  *
  * Transport failures are retried twice (the conversation is not stateful on the server side, so a retry is safe).
  */
-import { Clock, Config, Context, Effect, Layer, Option, Redacted, Schedule, Schema, type Scope } from "effect"
+import {
+  Clock,
+  Config,
+  Context,
+  Effect,
+  type FileSystem,
+  Layer,
+  Option,
+  Redacted,
+  Schedule,
+  Schema,
+  type Scope
+} from "effect"
+import type { EnvironmentConfig } from "../../config/EnvironmentConfig.ts"
 import type { ToolCallRecord } from "../../domain/ToolCall.ts"
-import { canonicalJson } from "../ToolIo.ts"
+import { canonicalJson, ReplaySourceError, readEpisodeRecords } from "../ToolIo.ts"
 
 export const server = "tau_user"
 
@@ -212,3 +225,42 @@ export const apiKey = (
   ref: { readonly env: string } | undefined
 ): Effect.Effect<Option.Option<Redacted.Redacted<string>>, Config.ConfigError> =>
   ref === undefined ? Effect.succeed(Option.none()) : Config.option(Config.Redacted(ref.env))
+
+/**
+ * The user LLM an `environment` section asks for: none for the scripted user; else recorded replies from
+ * `replay_from` when `tool_io` is `replay`, live calls (kept, with `record`) otherwise.
+ */
+export const layerFromConfig = (
+  env: EnvironmentConfig
+): Layer.Layer<UserLlm, ReplaySourceError | Config.ConfigError, FileSystem.FileSystem> => {
+  const tau = env.tau
+  if (tau === undefined || tau.user === "scripted") return layerNone
+  if (env.tool_io === "replay") {
+    if (env.replay_from === undefined) {
+      return Layer.effect(
+        UserLlm,
+        Effect.fail(new ReplaySourceError({ file: "", message: "tool_io: replay needs environment.replay_from" }))
+      )
+    }
+    return Layer.effect(UserLlm, Effect.map(readEpisodeRecords(env.replay_from), makeReplay))
+  }
+  const llm = tau.user_llm
+  if (llm === undefined) {
+    return Layer.effect(UserLlm, Effect.die(new Error(`tau user "${tau.user}" needs environment.tau.user_llm`)))
+  }
+  return Layer.effect(
+    UserLlm,
+    Effect.map(apiKey(llm.api_key), (key) => {
+      const options: HttpOptions = {
+        url: llm.url,
+        model: llm.model,
+        temperature: llm.temperature,
+        timeoutMs: llm.timeout_ms,
+        ...(Option.isSome(key) ? { apiKey: key.value } : {})
+      }
+      return env.tool_io === "record"
+        ? makeRecord(options)
+        : UserLlm.of({ mode: "live", session: liveSession(options, undefined), recorded: Effect.succeed([]) })
+    })
+  )
+}

@@ -129,24 +129,22 @@ layer(scriptedLayer(options()))("TauEnv with the scripted user", (it) => {
     }).pipe(Effect.scoped)
   )
 
-  it.effect(
-    'the right DB without the required outputs gets 0 ("$60.00" does not contain "60"? it does; "sixty" does not)',
-    () =>
-      Effect.gen(function* () {
-        const row = yield* rowOf("retail", "test", 40)
-        const env = yield* (yield* EnvRegistry.EnvRegistry).make("tau_bench", row)
-        yield* env.init(row.prompt)
-        const steps = yield* drive(env, [
-          ...groundTruth(row),
-          "Your gift card has sixty dollars, paid by Mastercard.",
-          callText("transfer_to_human_agents", { summary: "s" })
-        ])
-        assert.deepStrictEqual(steps[4]!.observations[0]!.content.startsWith("Here is what I need: "), true)
-        assert.strictEqual(steps[5]!.reward, 0)
-        const metrics = yield* env.metrics
-        assert.strictEqual(metrics["tau/db_match"], 1)
-        assert.strictEqual(metrics["tau/outputs_match"], 0)
-      }).pipe(Effect.scoped)
+  it.effect('the right DB without a required output gets 0 ("sixty" is not "60"); the user restates the need', () =>
+    Effect.gen(function* () {
+      const row = yield* rowOf("retail", "test", 40)
+      const env = yield* (yield* EnvRegistry.EnvRegistry).make("tau_bench", row)
+      yield* env.init(row.prompt)
+      const steps = yield* drive(env, [
+        ...groundTruth(row),
+        "Your gift card has sixty dollars, paid by Mastercard.",
+        callText("transfer_to_human_agents", { summary: "s" })
+      ])
+      assert.deepStrictEqual(steps[4]!.observations[0]!.content.startsWith("Here is what I need: "), true)
+      assert.strictEqual(steps[5]!.reward, 0)
+      const metrics = yield* env.metrics
+      assert.strictEqual(metrics["tau/db_match"], 1)
+      assert.strictEqual(metrics["tau/outputs_match"], 0)
+    }).pipe(Effect.scoped)
   )
 
   it.effect("airline: the ground truth of test 9 (3 bookings) with its outputs said gets reward 1", () =>
