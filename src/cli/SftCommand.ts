@@ -38,7 +38,7 @@ export const run = Effect.fn("cli.sft")(function* (config: RunConfig) {
       )
     }
   }
-  return yield* SftTrainer.run({ config: s, train: train.examples, eval: held.examples }).pipe(
+  return yield* SftTrainer.run({ config: s, train: train.examples, eval: held.examples, lora: config.model.lora }).pipe(
     Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)])
   )
 }) satisfies (config: RunConfig) => Effect.Effect<SftTrainer.Summary, unknown, FileSystem.FileSystem | Path.Path>

@@ -20,16 +20,22 @@
  *    token count.
  * 2. `train/loss` in a record is the token-weighted mean over the steps since the previous record, not the last step.
  * 3. No optimizer moments in checkpoints: they are for loading (`model.path`), not for resuming an SFT run.
+ * 4. With `model.lora.rank > 0` only the adapters train; a checkpoint holds the MERGED weights (loadable as
+ *    `model.path` by every command, HF and vLLM) plus the adapter alone in `adapter/` (PEFT layout).
  */
 import * as tf from "@tensorflow/tfjs"
 import { Clock, Console, Effect, FileSystem, Path } from "effect"
+import type { LoraConfig } from "../config/ModelConfig.ts"
 import type { SftConfig } from "../config/SftConfig.ts"
 import type * as SftDataset from "../data/SftDataset.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
+import * as Lora from "../model/Lora.ts"
 import * as HfConfig from "../model/ModelConfig.ts"
 import * as Prng from "../model/Prng.ts"
+import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 import { Tokenizer } from "../tokenizer/Tokenizer.ts"
@@ -40,6 +46,8 @@ export interface Options {
   readonly config: SftConfig
   readonly train: ReadonlyArray<SftDataset.Example>
   readonly eval?: ReadonlyArray<SftDataset.Example>
+  /** `model.lora`: with rank > 0, adapters are attached (seeded by `sft.seed`) and only they train */
+  readonly lora?: LoraConfig
 }
 
 /** The run's result; the `sft` command prints it (with `event: "summary"`) as its last stdout line. */
@@ -184,6 +192,20 @@ export const epochOrder = (n: number, seed: number, epoch: number, shuffle: bool
 export const totalSteps = (config: SftConfig, examples: number): number =>
   config.max_steps ?? config.epochs * Math.ceil(examples / config.batch_size)
 
+/**
+ * The model's effective weights as a HF directory: with LoRA adapters attached, the merged W + s·Aᵀ·Bᵀ (so the
+ * directory loads as `model.path` like any checkpoint; the adapter alone goes to `adapter/` in PEFT's layout).
+ */
+const saveWeights = async (model: Transformer.Transformer, dir: string, step: number): Promise<void> => {
+  if (model.adapters.size === 0) return Checkpoint.save(model, dir)
+  await Checkpoint.save(model, dir) // config.json and the base weights, then overwritten by the merged ones
+  const snapshot = Snapshot.fromModel(model, PolicyVersion.make(step))
+  await Checkpoint.writeTensors(
+    dir,
+    snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! }))
+  )
+}
+
 const seconds = (s: number): string => (s >= 120 ? `${(s / 60).toFixed(1)}m` : `${s.toFixed(1)}s`)
 
 /**
@@ -211,6 +233,22 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
   if (tooLong !== undefined) {
     return yield* new ConfigError({ path: "sft.data", message: `${tooLong.source}: a token id exceeds the vocabulary` })
   }
+  const lora =
+    options.lora !== undefined && options.lora.rank > 0
+      ? {
+          rank: options.lora.rank,
+          alpha: options.lora.alpha,
+          dropout: options.lora.dropout,
+          targetModules: options.lora.target_modules
+        }
+      : undefined
+  if (lora !== undefined) {
+    yield* Effect.try({
+      try: () => Lora.attach(model, lora, c.seed),
+      catch: (cause) =>
+        new ConfigError({ path: "model.lora", message: cause instanceof Error ? cause.message : String(cause) })
+    })
+  }
   const variables = Transformer.trainableVariables(model)
   const optimizer = yield* Effect.acquireRelease(
     Effect.sync(() => Optimizer.make(variables, c.optimizer)),
@@ -237,7 +275,8 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
           new CheckpointError({ path: tmp, message: `${what}: ${cause instanceof Error ? cause.message : cause}` })
       })
     yield* fs.remove(tmp, { recursive: true, force: true }).pipe(Effect.mapError(fileError(tmp)))
-    yield* attempt("weights", () => Checkpoint.save(model, tmp))
+    yield* attempt("weights", () => saveWeights(model, tmp, step))
+    if (lora !== undefined) yield* attempt("adapter", () => Lora.save(model, path.join(tmp, "adapter"), lora))
     yield* AutoTokenizer.save(tokenizer.impl, tmp).pipe(
       Effect.mapError((e) => new CheckpointError({ path: tmp, message: `tokenizer: ${e.message}` }))
     )

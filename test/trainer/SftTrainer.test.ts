@@ -146,6 +146,40 @@ describe("SftTrainer.run", () => {
   )
 })
 
+describe("SftTrainer.run with LoRA", () => {
+  it.effect("trains only the adapters and saves merged weights (same log-probs) plus a PEFT adapter", () =>
+    Effect.gen(function* () {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      yield* writeJsonl(fs, `${dir}/train.jsonl`, reverseRows(16))
+      const config = yield* RunConfigLoader.fromObject(
+        { model: { init: tinyInit, lora: { rank: 4, alpha: 8 } }, tokenizer: { kind: "byte" } },
+        [`sft.data=[${dir}/train.jsonl]`, "sft.max_steps=6", "sft.optimizer.lr=0.02", `sft.output_dir=${dir}/out`]
+      )
+      const tokenizer = ByteTokenizer.make()
+      const train = yield* SftDataset.load(config.sft.data, tokenizer, { maxLength: 64, lossOn: "assistant" })
+      yield* Effect.gen(function* () {
+        const { model } = yield* PolicyModel.PolicyModel
+        const embedBefore = Array.from(model.params.get("model.embed_tokens.weight")!.dataSync())
+        const summary = yield* SftTrainer.run({ config: config.sft, train: train.examples, lora: config.model.lora })
+        assert.strictEqual(model.adapters.size, 2 * 4) // q, k, v, o of 2 layers
+        assert.deepStrictEqual(Array.from(model.params.get("model.embed_tokens.weight")!.dataSync()), embedBefore)
+        assert.isBelow(summary.trainLoss, summary.firstLoss)
+        const loaded = yield* Effect.promise(() => Checkpoint.load(summary.checkpoint))
+        const ids = train.examples[0]!.ids
+        const live = LogProbs.ofIds(model, ids)
+        const saved = LogProbs.ofIds(loaded.model, ids)
+        Transformer.dispose(loaded.model)
+        for (const [t, lp] of live.entries()) assert.closeTo(saved[t]!, lp, 1e-4)
+        assert.deepStrictEqual((yield* fs.readDirectory(`${summary.checkpoint}/adapter`)).sort(), [
+          "adapter_config.json",
+          "adapter_model.safetensors"
+        ])
+      }).pipe(Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)]))
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+})
+
 describe("SftTrainer.trainStep", () => {
   it("gives the same update whether the batch runs whole or in micro-batches of 1 (token-mean over the batch)", () => {
     const tokenizer = ByteTokenizer.make()
