@@ -9,9 +9,12 @@
  * applies directly. The temperature τ divides the logits exactly as the sampler does, so these match the sampler's
  * behaviour log-probs when top-k/top-p are off.
  *
- * Memory: the head runs on T−1 positions; the temperature scales the hidden states [N, D], not the logits; the
- * picked logit is a gather, so the forward holds one [N, V] logits tensor plus the log-sum-exp's temporaries, and the
- * entropy (when asked) one softmax and one product more.
+ * Memory: the head runs on T−1 positions (N = B·(T−1)) and the temperature scales the hidden states [N, D], not the
+ * logits. Small problems (N·V ≤ `fusedAbove`, default 2²⁴ ≈ 64 MB of logits) take the plain path: one [N, V] logits
+ * tensor plus the log-sum-exp's temporaries (and a softmax and a product for the entropy), all kept by the tape.
+ * Larger ones (e.g. the 151k Qwen vocabulary) take the fused head (`fusedHead`): a custom gradient that computes
+ * logits chunk by chunk of rows and recomputes them in the backward pass, so no [N, V] tensor is ever alive, at
+ * the cost of one more head matmul.
  */
 import * as tf from "@tensorflow/tfjs"
 import * as Transformer from "./Transformer.ts"
@@ -19,6 +22,10 @@ import * as Transformer from "./Transformer.ts"
 export interface Options {
   readonly temperature?: number // τ, default 1
   readonly entropy?: boolean // also compute H (default false)
+  /** Use the fused chunked head when N·V exceeds this (default 2²⁴). */
+  readonly fusedAbove?: number
+  /** Rows per chunk in the fused head (default: as many as fit 2²⁴ logits). */
+  readonly chunkRows?: number
 }
 
 export interface TokenLogProbs {
@@ -45,6 +52,81 @@ export const fromLogits = (
     const p = tf.softmax(logits) // [N, V]
     const entropy = tf.sub(lse, tf.sum(tf.mul(p, logits), 1)) as tf.Tensor1D // H = lse − Σ p z  [N]
     return { logprobs, entropy }
+  })
+
+/**
+ * Fused LM head + log-softmax + pick + entropy over row chunks, with a hand-written gradient that recomputes each
+ * chunk's logits (never holding [N, V]). h [N, D], W [D, V], targets int32 [N] → logp [N], H [N].
+ *
+ *   ∂logp_n/∂z_n = onehot(y_n) − p_n          ∂H_n/∂z_n = −p_n ⊙ (log p_n + H_n)
+ *   ∂/∂h = g_z Wᵀ,  ∂/∂W = hᵀ g_z   (explicit transposes: untransposed matmuls for XNNPACK)
+ */
+export const fusedHead = (
+  h: tf.Tensor2D,
+  w: tf.Tensor2D,
+  targets: tf.Tensor1D,
+  chunkRows?: number
+): { readonly logprobs: tf.Tensor1D; readonly entropy: tf.Tensor1D } =>
+  tf.tidy(() => {
+    const [N] = h.shape
+    const V = w.shape[1]
+    const rows = Math.max(1, Math.min(N, chunkRows ?? Math.floor(2 ** 24 / V)))
+    const chunks = Array.from(
+      { length: Math.ceil(N / rows) },
+      (_, i) => [i * rows, Math.min(rows, N - i * rows)] as const
+    )
+    const targetsF = tf.cast(targets, "float32") // saved for the backward pass (customGrad saves tensors, not ints)
+    const op = tf.customGrad(((hIn: tf.Tensor2D, wIn: tf.Tensor2D, save: tf.GradSaveFunc) => {
+      save([hIn, wIn, targetsF])
+      const perChunk = chunks.map(([start, size]) =>
+        tf.tidy(() => {
+          const z = tf.matMul(tf.slice(hIn, [start, 0], [size, -1]), wIn) // [c, V]
+          const y = tf.slice(targets, [start], [size]) // [c]
+          const lse = tf.logSumExp(z, 1) // [c]
+          const picked = tf.sum(tf.mul(z, tf.oneHot(y, V).cast("float32")), 1) // z[n, y_n]  [c]
+          const p = tf.softmax(z) // [c, V]
+          const entropy = tf.sub(lse, tf.sum(tf.mul(p, z), 1)) // H = lse − Σ p z  [c]
+          return tf.stack([tf.sub(picked, lse), entropy], 1) // [c, 2]
+        })
+      )
+      return {
+        value: tf.concat(perChunk, 0), // [N, 2]: logp, H
+        gradFunc: (dy: tf.Tensor2D, saved: Array<tf.Tensor>) => {
+          const [hs, ws, ts] = saved as [tf.Tensor2D, tf.Tensor2D, tf.Tensor1D]
+          const wT = tf.transpose(ws) // [V, D]
+          let dW: tf.Tensor2D = tf.zerosLike(ws)
+          const dh = chunks.map(([start, size]) => {
+            const { dhc, dWc } = tf.tidy(() => {
+              const hc = tf.slice(hs, [start, 0], [size, -1]) as tf.Tensor2D // [c, D]
+              const z = tf.matMul(hc, ws) // [c, V]
+              const logp = tf.logSoftmax(z) // [c, V]
+              const p = tf.exp(logp) // [c, V]
+              const entropy = tf.neg(tf.sum(tf.mul(p, logp), 1, true)) // [c, 1]
+              const g = tf.slice(dy, [start, 0], [size, 2]) // [c, 2]
+              const gLogp = tf.slice(g, [0, 0], [size, 1]) // [c, 1]
+              const gH = tf.slice(g, [0, 1], [size, 1]) // [c, 1]
+              const onehot = tf.oneHot(tf.cast(tf.slice(ts, [start], [size]), "int32"), V).cast("float32") // [c, V]
+              const gz = tf.sub(
+                tf.mul(gLogp, tf.sub(onehot, p)),
+                tf.mul(gH, tf.mul(p, tf.add(logp, entropy)))
+              ) as tf.Tensor2D // [c, V]
+              return { dhc: tf.matMul(gz, wT), dWc: tf.matMul(tf.transpose(hc), gz) } // [c, D], [D, V]
+            })
+            const next = tf.add(dW, dWc) as tf.Tensor2D
+            dW.dispose()
+            dWc.dispose()
+            dW = next
+            return dhc
+          })
+          return [tf.concat(dh, 0), dW]
+        }
+      }
+    }) as unknown as Parameters<typeof tf.customGrad>[0])
+    const both = op(h, w) // [N, 2]
+    return {
+      logprobs: tf.reshape(tf.slice(both, [0, 0], [N, 1]), [N]) as tf.Tensor1D,
+      entropy: tf.reshape(tf.slice(both, [0, 1], [N, 1]), [N]) as tf.Tensor1D
+    }
   })
 
 /** Per-token log-probs (and entropy) of `input.ids` under the model's current weights. Differentiable. */
@@ -75,14 +157,17 @@ export const ofSequences = (
     const N = B * (T - 1)
     const h = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, 0, 0], [B, T - 1, D]), [N, D]) as tf.Tensor2D // [N, D], drops the last position
     const scaled = tau === 1 ? h : (tf.mul(h, 1 / tau) as tf.Tensor2D) // [N, D]
-    const logits = Transformer.logitsOf(view, scaled) // z / τ  [N, V]
     const targets = tf.reshape(tf.slice(ids, [0, 1], [B, T - 1]), [N]) as tf.Tensor1D // [N]
-    const out = fromLogits(logits, targets, options.entropy === true)
+    const V = model.config.vocabSize
+    const out =
+      N * V > (options.fusedAbove ?? 2 ** 24)
+        ? fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
+        : fromLogits(Transformer.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]
     const pad = (x: tf.Tensor1D): tf.Tensor2D =>
       tf.concat([tf.zeros([B, 1]), tf.reshape(x, [B, T - 1])], 1) as tf.Tensor2D // [B, T]
-    return out.entropy === undefined
-      ? { logprobs: pad(out.logprobs) }
-      : { logprobs: pad(out.logprobs), entropy: pad(out.entropy) }
+    return options.entropy === true && out.entropy !== undefined
+      ? { logprobs: pad(out.logprobs), entropy: pad(out.entropy) }
+      : { logprobs: pad(out.logprobs) }
   })
 
 /** `log p(ids[t] | ids[<t])` for t = 1 … n−1 of one sequence, as plain numbers (what `model logprobs` prints). */

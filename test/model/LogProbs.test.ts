@@ -95,3 +95,43 @@ describe("LogProbs.ofSequences", () => {
     Transformer.dispose(model)
   })
 })
+
+describe("LogProbs fused head", () => {
+  it("chunked with a recomputing gradient: same log-probs, entropy and gradients as the plain path", () => {
+    const model = Transformer.init(config, 4, 0.5)
+    const input = {
+      ids: [
+        [0, 0, 5, 6, 7, 8],
+        [1, 2, 3, 4, 5, 29]
+      ],
+      attentionMask: [
+        [0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1]
+      ]
+    }
+    const vars = Transformer.trainableVariables(model)
+    const run = (options: LogProbs.Options) => {
+      const values = tf.tidy(() => {
+        const out = LogProbs.ofSequences(model, input, { ...options, entropy: true, temperature: 0.9 })
+        return [Array.from(out.logprobs.dataSync()), Array.from(out.entropy!.dataSync())]
+      })
+      const { value, grads } = tf.variableGrads(() => {
+        const out = LogProbs.ofSequences(model, input, { ...options, entropy: true, temperature: 0.9 })
+        return tf.sub(
+          tf.sum(tf.mul(out.logprobs, tf.range(0, 6).reshape([1, 6]))),
+          tf.mul(0.3, tf.sum(out.entropy!))
+        ) as tf.Scalar
+      }, vars)
+      const g = vars.map((v) => Array.from(grads[v.name]!.dataSync()))
+      tf.dispose([value, ...Object.values(grads)])
+      return { values, g }
+    }
+    const before = tf.memory().numTensors
+    const plain = run({})
+    const fused = run({ fusedAbove: 0, chunkRows: 3 }) // 10 rows in chunks of 3, 3, 3, 1
+    assert.strictEqual(tf.memory().numTensors, before)
+    plain.values.flat().forEach((v, i) => assert.approximately(fused.values.flat()[i]!, v, 1e-5))
+    plain.g.forEach((g, k) => g.forEach((v, i) => assert.approximately(fused.g[k]![i]!, v, 1e-4)))
+    Transformer.dispose(model)
+  })
+})
