@@ -4,9 +4,10 @@
 #   python3-torch, libopenblas0-pthread, python3-numpy
 #                        the independent float64 PyTorch reference the model tests compare against, and the
 #                        benchmarks' peer (without OpenBLAS, Debian's torch uses the reference BLAS, ~50x slower)
+#   chromium             the headless browser the report test renders report.html in (driven by playwright-core)
 # Idempotent: installs only what is missing. Skips quietly without root or apt.
 set -euo pipefail
-packages=(libopenblas-dev python3-torch python3-numpy libopenblas0-pthread)
+packages=(libopenblas-dev python3-torch python3-numpy libopenblas0-pthread chromium)
 command -v apt-get >/dev/null 2>&1 || { echo "setup-system: no apt-get, skipping (${packages[*]})"; exit 0; }
 [ "$(id -u)" = 0 ] || { echo "setup-system: not root, skipping (${packages[*]})"; exit 0; }
 missing=()
