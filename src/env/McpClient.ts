@@ -26,7 +26,7 @@
 
 import { type ChildProcess, spawn } from "node:child_process"
 import { Client } from "@modelcontextprotocol/sdk/client/index.js"
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
+import { StreamableHTTPClientTransport, StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
 import { ReadBuffer, serializeMessage } from "@modelcontextprotocol/sdk/shared/stdio.js"
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js"
 import {
@@ -341,6 +341,16 @@ const clientInfo = { name: "effect-rl", version: "0.1.0" }
 const backoffStart = "25 millis"
 const backoff = Schedule.exponential("50 millis", 2).pipe(Schedule.jittered)
 
+/** A URL without credentials or query (tokens hide there): what error messages may show. */
+export const redactUrl = (url: string): string => {
+  try {
+    const u = new URL(url)
+    return `${u.protocol}//${u.host}${u.pathname}`
+  } catch {
+    return "<invalid url>"
+  }
+}
+
 const describeCause = (cause: unknown): string => (cause instanceof Error ? cause.message : String(cause))
 
 const isRefused = (cause: unknown): boolean => {
@@ -412,7 +422,7 @@ const makeConnection = Effect.fnUntraced(function* (
     new McpConnectError({
       server: config.name,
       reason,
-      message: `MCP server ${config.name} (${config.transport === "stdio" ? config.command : config.url}): ${describeCause(cause)}`,
+      message: `MCP server ${config.name} (${config.transport === "stdio" ? config.command : redactUrl(config.url ?? "")}): ${describeCause(cause)}`,
       cause
     })
 
@@ -538,10 +548,18 @@ const makeConnection = Effect.fnUntraced(function* (
     }
   }
 
-  const rejected = (tool: string, cause: unknown): Outcome => {
-    const reason = classify(cause)
+  const rejected = (conn: Live, tool: string, cause: unknown): Outcome => {
+    // An HTTP server that forgot our session (404, e.g. it restarted) or refuses connections did not run the call;
+    // drop the connection so the next attempt opens a new session.
+    // (the spec says 404; some servers, server-everything among them, answer 400 "No valid session ID")
+    const sessionLost =
+      cause instanceof StreamableHTTPError &&
+      (cause.code === 404 || (cause.code === 400 && /session/i.test(cause.message)))
+    const notDelivered = isRefused(cause) || sessionLost
+    if (notDelivered && conn.transport instanceof StreamableHTTPClientTransport) conn.closed = true
+    const reason = sessionLost ? "Disconnected" : classify(cause)
     const message = reason === "Timeout" ? `${tool} timed out after ${config.timeout_ms} ms` : describeCause(cause)
-    return failed(tool, reason, message, !isRefused(cause))
+    return failed(tool, reason, message, !notDelivered)
   }
 
   // The hot path is plain promise code settled into an Outcome, then one Effect step: per-call Effect overhead is
@@ -553,7 +571,7 @@ const makeConnection = Effect.fnUntraced(function* (
           .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
           .then(
             (result) => settle(tool, result),
-            (cause: unknown) => rejected(tool, cause)
+            (cause: unknown) => rejected(conn, tool, cause)
           )
       ),
       (o): Effect.Effect<ToolResult, CallFailure> => (o.ok ? Effect.succeed(o.value) : Effect.fail(o.failure))

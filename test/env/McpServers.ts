@@ -17,6 +17,8 @@ const pkg = (name: string) => join(root, "node_modules/@modelcontextprotocol", n
 export const config = (raw: Record<string, unknown>): McpServerConfig => Schema.decodeUnknownSync(McpServerConfig)(raw)
 
 export const toolboxScript = join(root, "src/toolbox/server.ts")
+export const mcpClientModule = join(root, "src/env/McpClient.ts")
+export const faultyScript = join(root, "test/fixtures/FaultyMcpServer.ts")
 export const toolbox = (extra: Record<string, unknown> = {}) =>
   config({ name: "toolbox", command: "node", args: [toolboxScript], ...extra })
 export const everything = (extra: Record<string, unknown> = {}) =>
@@ -29,7 +31,7 @@ export const faulty = (dir: string, extra: Record<string, unknown> = {}) =>
   config({
     name: "faulty",
     command: "node",
-    args: [join(root, "test/fixtures/FaultyMcpServer.ts")],
+    args: [faultyScript],
     env: { FAULTY_COUNT_FILE: join(dir, "calls.log"), FAULTY_STATE_DIR: dir },
     timeout_ms: 400,
     ...extra
@@ -48,8 +50,10 @@ export const freePort = (): Promise<number> =>
   })
 
 /** Starts server-everything's Streamable HTTP mode on a free loopback port; resolves its URL and a stop function. */
-export const startEverythingHttp = async (): Promise<{ url: string; pid: number; stop: () => Promise<void> }> => {
-  const port = await freePort()
+export const startEverythingHttp = async (
+  atPort?: number
+): Promise<{ url: string; port: number; pid: number; stop: () => Promise<void> }> => {
+  const port = atPort ?? (await freePort())
   const child = spawn(process.execPath, [pkg("server-everything"), "streamableHttp"], {
     env: { PATH: process.env["PATH"] ?? "", PORT: String(port) },
     stdio: ["ignore", "ignore", "pipe"]
@@ -70,7 +74,7 @@ export const startEverythingHttp = async (): Promise<{ url: string; pid: number;
       child.once("exit", () => ok())
       child.kill("SIGKILL")
     })
-  return { url: `http://127.0.0.1:${port}/mcp`, pid: child.pid ?? 0, stop }
+  return { url: `http://127.0.0.1:${port}/mcp`, port, pid: child.pid ?? 0, stop }
 }
 
 /** Starts the toolbox in HTTP mode on a free port. */
@@ -125,4 +129,14 @@ export const readLines = (file: string): ReadonlyArray<string> => {
   } catch {
     return []
   }
+}
+
+/** Polls until the process is gone (a SIGKILL is delivered asynchronously); true when it died within `ms`. */
+export const diesWithin = (pid: number, ms: number): boolean => {
+  const deadline = Date.now() + ms
+  while (alive(pid)) {
+    if (Date.now() > deadline) return false
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20)
+  }
+  return true
 }

@@ -1,4 +1,5 @@
-import { writeFileSync } from "node:fs"
+import { spawnSync } from "node:child_process"
+import { mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Effect, Exit, Logger, References } from "effect"
@@ -183,6 +184,28 @@ describe("McpClient over Streamable HTTP", () => {
   )
 })
 
+describe("McpClient recovers an HTTP session", () => {
+  it.live("a server restarted on the same port forgot the session (404): the call reconnects and succeeds once", () =>
+    Effect.gen(function* () {
+      const first = yield* Effect.promise(() => Servers.startEverythingHttp())
+      const client = yield* McpClient.make({
+        servers: [Servers.config({ name: "everything", transport: "http", url: first.url })]
+      })
+      assert.strictEqual((yield* client.call("echo", { message: "one" })).text, "Echo: one")
+      yield* Effect.promise(() => first.stop())
+      const second = yield* Effect.acquireRelease(
+        Effect.promise(() => Servers.startEverythingHttp(first.port)),
+        (s) => Effect.promise(() => s.stop())
+      )
+      assert.strictEqual(second.port, first.port)
+      assert.strictEqual((yield* client.call("echo", { message: "two" })).text, "Echo: two")
+      const stats = yield* client.stats
+      assert.strictEqual(stats["mcp/restarts"], 1)
+      assert.strictEqual(stats["mcp/retries"], 1)
+    })
+  )
+})
+
 describe("McpClient against a faulty server", () => {
   const countOf = (dir: string, tool: string) =>
     Servers.readLines(join(dir, "calls.log")).filter((l) => l === tool).length
@@ -271,6 +294,37 @@ describe("McpClient against a faulty server", () => {
         assert.deepStrictEqual(yield* client.processIds, defaultPids)
       })
   )
+
+  it("no orphan when the run crashes without closing its scope: the exit hook kills the server's group", () => {
+    const dir = Servers.tempDir("crash")
+    // inside the repository (test/.tmp is git-ignored), so that "effect" resolves from node_modules
+    const tmp = join(import.meta.dirname, "../.tmp")
+    mkdirSync(tmp, { recursive: true })
+    const script = join(tmp, `crash-${process.pid}.ts`)
+    writeFileSync(
+      script,
+      [
+        `import { Effect, Schema, Scope } from "effect"`,
+        `import * as McpClient from ${JSON.stringify(Servers.mcpClientModule)}`,
+        `import { McpServerConfig } from ${JSON.stringify(join(import.meta.dirname, "../../src/config/EnvironmentConfig.ts"))}`,
+        `const server = Schema.decodeUnknownSync(McpServerConfig)({ name: "faulty", command: "node", args: [${JSON.stringify(Servers.faultyScript)}], env: { FAULTY_STATE_DIR: ${JSON.stringify(dir)} } })`,
+        `const scope = Effect.runSync(Scope.make())`,
+        `const client = await Effect.runPromise(McpClient.make({ servers: [server] }).pipe(Scope.provide(scope)))`,
+        `const pids = await Effect.runPromise(client.processIds)`,
+        `const grandchild = await Effect.runPromise(client.call("spawn_child", {}))`,
+        `console.log(JSON.stringify({ pids, grandchild: Number(grandchild.text) }))`,
+        `throw new Error("the run crashed")`
+      ].join("\n")
+    )
+    const out = spawnSync(process.execPath, [script], { encoding: "utf8", timeout: 30_000 })
+    rmSync(script)
+    assert.notStrictEqual(out.status, 0)
+    assert.match(out.stderr, /the run crashed/)
+    const seen = JSON.parse(out.stdout.trim().split("\n").pop() ?? "{}") as { pids: Array<number>; grandchild: number }
+    assert.strictEqual(seen.pids.length, 1)
+    assert.isTrue(Servers.diesWithin(seen.pids[0]!, 2000))
+    assert.isTrue(Servers.diesWithin(seen.grandchild, 2000))
+  })
 
   it.live("no orphan: closing the client's scope kills a server stuck in a hanging call", () =>
     Effect.gen(function* () {
