@@ -103,6 +103,13 @@ const chunks = <A>(xs: ReadonlyArray<A>, size: number): Array<ReadonlyArray<A>> 
 const lossTokensOf = (examples: ReadonlyArray<SftDataset.Example>): number =>
   examples.reduce((n, e) => n + e.lossMask.reduce<number>((a, b) => a + b, 0), 0)
 
+/** Micro-batches of rows of similar length (less padding); the sums over them do not depend on the grouping. */
+const byLength = (examples: ReadonlyArray<SftDataset.Example>, size: number) =>
+  chunks(
+    [...examples].sort((a, b) => a.ids.length - b.ids.length),
+    size
+  )
+
 /** Σ_{b,t} m·(−log π(x_t | x_<t)) over a padded micro-batch: a scalar, differentiable. Call inside tidy. */
 const maskedNllSum = (model: Transformer.Transformer, micro: Padded, training: boolean): tf.Scalar => {
   const { logprobs } = LogProbs.ofSequences(model, { ids: micro.ids, attentionMask: micro.attentionMask, training }) // [b, L]
@@ -117,7 +124,7 @@ export const evaluate = (
   options: { readonly microBatchSize: number; readonly padId: number }
 ): number => {
   let nll = 0
-  for (const chunk of chunks(examples, options.microBatchSize)) {
+  for (const chunk of byLength(examples, options.microBatchSize)) {
     nll += tf.tidy(() => maskedNllSum(model, pad(chunk, options.padId), false).dataSync()[0]!)
   }
   const count = lossTokensOf(examples)
@@ -147,7 +154,7 @@ export const trainStep = (
   if (lossTokens === 0) return { loss: 0, gradNorm: 0, tokens, lossTokens }
   let accumulated: tf.NamedTensorMap | undefined
   let loss = 0
-  for (const chunk of chunks(batch, options.microBatchSize)) {
+  for (const chunk of byLength(batch, options.microBatchSize)) {
     const micro = pad(chunk, options.padId)
     // this micro-batch's share of L: its masked NLL sum over the batch's token count
     const { value, grads } = tf.variableGrads(
@@ -229,9 +236,16 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       message: `the tokenizer has ${tokenizer.vocabSize} ids but the model's vocabulary is ${model.config.vocabSize}`
     })
   }
-  const tooLong = train.find((e) => e.ids.some((id) => id >= model.config.vocabSize))
-  if (tooLong !== undefined) {
-    return yield* new ConfigError({ path: "sft.data", message: `${tooLong.source}: a token id exceeds the vocabulary` })
+  for (const e of [...train, ...evalSet]) {
+    if (e.ids.length > model.config.maxPositionEmbeddings) {
+      return yield* new ConfigError({
+        path: "sft.max_length",
+        message: `${e.source}: ${e.ids.length} tokens exceed the model's ${model.config.maxPositionEmbeddings} positions`
+      })
+    }
+    if (e.ids.some((id) => id >= model.config.vocabSize)) {
+      return yield* new ConfigError({ path: "sft.data", message: `${e.source}: a token id exceeds the vocabulary` })
+    }
   }
   const lora =
     options.lora !== undefined && options.lora.rank > 0
@@ -300,7 +314,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
   )
   const started = yield* Clock.currentTimeMillis
   let order: Array<number> = []
-  let window = { nll: 0, lossTokens: 0, tokens: 0, since: started }
+  let window = { nll: 0, lossTokens: 0, tokens: 0, trainMs: 0 }
   let trainLoss = Number.NaN
   let firstLoss = Number.NaN
   let evalLoss: number | undefined
@@ -312,6 +326,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     if (position === 0) order = epochOrder(train.length, c.seed, epoch, c.shuffle)
     const batch = order.slice(position * c.batch_size, (position + 1) * c.batch_size).map((i) => train[i]!)
     const lr = Optimizer.learningRate(c.optimizer, step - 1, total)
+    const stepStarted = yield* Clock.currentTimeMillis
     const stats = yield* Effect.try({
       try: () => trainStep(model, optimizer, variables, batch, { ...micro, lr }),
       catch: (cause) => new Error(`step ${step}: ${cause instanceof Error ? cause.message : String(cause)}`)
@@ -322,7 +337,8 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       ...window,
       nll: window.nll + stats.loss * stats.lossTokens,
       lossTokens: window.lossTokens + stats.lossTokens,
-      tokens: window.tokens + stats.tokens
+      tokens: window.tokens + stats.tokens,
+      trainMs: window.trainMs + ((yield* Clock.currentTimeMillis) - stepStarted)
     }
     const last = step === total
     const evaluated =
@@ -333,7 +349,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     if (last || evaluated !== undefined || step % c.log_interval === 0) {
       const now = yield* Clock.currentTimeMillis
       trainLoss = window.lossTokens === 0 ? 0 : window.nll / window.lossTokens
-      const tokensPerSecond = window.tokens / Math.max(1e-3, (now - window.since) / 1000)
+      const tokensPerSecond = window.tokens / Math.max(1e-3, window.trainMs / 1000) // training only, not eval
       const elapsed = (now - started) / 1000
       const record: MetricsRecord = {
         step,
@@ -354,7 +370,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
           ` lr ${lr.toExponential(2)} grad_norm ${stats.gradNorm.toFixed(3)} tok/s ${tokensPerSecond.toFixed(0)}` +
           ` elapsed ${seconds(elapsed)} eta ${seconds((elapsed / step) * (total - step))}`
       )
-      window = { nll: 0, lossTokens: 0, tokens: 0, since: now }
+      window = { nll: 0, lossTokens: 0, tokens: 0, trainMs: 0 }
     }
     if (last || (c.save_interval > 0 && step % c.save_interval === 0)) {
       checkpoint = yield* save(step, {
