@@ -1,0 +1,52 @@
+/**
+ * KV-cache sampling: batch 8, prompt 32, 96 new tokens, temperature 1 (Sampling.generate), on the perf model
+ * (bench/harness.ts), effect-rl (tfjs wasm + native kernels) against PyTorch in the same run.
+ * Last stdout line: {"bench":"sample","threads",…,"effectRl":{msPerStep,tokensPerSec},"torch":{…},"ratio"}
+ * (msPerStep = one decode step = one token per row; ratio = effect-rl tokens/s / torch tokens/s); also written to
+ * bench/results/sample.json.
+ *
+ * Run: npm run bench -- sample [--kernels native|stock] [--threads N] [--iters N] [--no-torch]
+ */
+import * as Prng from "../src/model/Prng.ts"
+import * as Sampling from "../src/model/Sampling.ts"
+import * as Transformer from "../src/model/Transformer.ts"
+import * as Harness from "./harness.ts"
+
+export const run = async (): Promise<void> => {
+  const iters = Math.max(5, Number(Harness.arg("iters", "5")))
+  const backend = await Harness.setUpBackend()
+  const B = 8
+  const prompt = 32
+  const newTokens = 96
+  const model = Harness.perfModel()
+  const prng = Prng.make(1)
+  const prompts = Array.from({ length: B }, () => Array.from({ length: prompt }, () => Math.floor(prng.next() * 512)))
+  let generated = 0
+  const ms = await Harness.medianMs(async () => {
+    const out = await Sampling.generate(
+      model,
+      prompts.map((promptIds, i) => ({
+        promptIds,
+        sampling: { ...Sampling.defaultParams, temperature: 1, maxNewTokens: newTokens, seed: i }
+      }))
+    )
+    generated = out.reduce((n, c) => n + c.tokens.length, 0)
+  }, iters)
+  Transformer.dispose(model)
+  const effectRl: Harness.Throughput = { msPerStep: ms / newTokens, tokensPerSec: (generated * 1000) / ms }
+  const torch = process.argv.includes("--no-torch") ? undefined : Harness.runTorch("sample.py", backend.threads, iters)
+  Harness.report({
+    bench: "sample",
+    threads: backend.threads,
+    effectRl,
+    torch: torch === undefined ? null : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec },
+    ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
+    kernels: backend.kernels,
+    torchThreads: torch?.threads ?? null,
+    torchMatmulGflops: torch?.matmulGflops ?? null,
+    workload: { batch: B, prompt, newTokens, generated, temperature: 1, iters },
+    ...Harness.environment()
+  })
+}
+
+if (import.meta.main) await run()

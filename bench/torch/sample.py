@@ -1,0 +1,33 @@
+"""KV-cache sampling with the perf model in PyTorch: batch 8, prompt 32, 96 new tokens, temperature 1 (softmax +
+multinomial per step), under no_grad. Usage: sample.py THREADS ITERS. Prints one JSON line:
+{"threads", "msPerStep", "tokensPerSec", "matmulGflops"} (msPerStep: one decode step, i.e. one token for each row)."""
+import sys
+
+import torch
+
+from model import CONFIG, Model, emit, matmul_gflops, median_seconds, pick_threads
+
+max_threads, iters = int(sys.argv[1]), int(sys.argv[2])
+B, PROMPT, NEW = 8, 32, 96
+torch.manual_seed(0)
+model = Model(CONFIG).eval()
+prompts = torch.randint(0, CONFIG["vocab"], (B, PROMPT))
+
+
+@torch.no_grad()
+def generate():
+    logits, cache = model(prompts)
+    out = []
+    for _ in range(NEW):
+        probs = torch.softmax(logits[:, -1], dim=-1)
+        nxt = torch.multinomial(probs, 1)  # [B, 1]
+        out.append(nxt)
+        logits, cache = model(nxt, cache)
+    return torch.cat(out, 1)
+
+
+threads = pick_threads(max_threads, generate)
+gflops = matmul_gflops(threads)
+torch.set_num_threads(threads)
+s = median_seconds(generate, iters)
+emit(dict(threads=threads, msPerStep=s * 1000 / NEW, tokensPerSec=B * NEW / s, matmulGflops=gflops))

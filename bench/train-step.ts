@@ -1,0 +1,56 @@
+/**
+ * Train step: forward + backward + Adam on −mean token log-prob, batch 8 × 128 tokens, on the perf model
+ * (bench/harness.ts), effect-rl (tfjs wasm + native kernels) against PyTorch in the same run.
+ * Last stdout line: {"bench":"train-step","threads",…,"effectRl":{msPerStep,tokensPerSec},"torch":{…},"ratio"}
+ * (ratio = effect-rl throughput / torch throughput); also written to bench/results/train-step.json.
+ *
+ * Run: npm run bench -- train-step [--kernels native|stock] [--threads N] [--iters N] [--no-torch]
+ */
+import * as tf from "@tensorflow/tfjs"
+import * as LogProbs from "../src/model/LogProbs.ts"
+import * as Prng from "../src/model/Prng.ts"
+import * as Transformer from "../src/model/Transformer.ts"
+import * as Harness from "./harness.ts"
+
+export const run = async (): Promise<void> => {
+  const iters = Math.max(5, Number(Harness.arg("iters", "5")))
+  const backend = await Harness.setUpBackend()
+  const B = 8
+  const T = 128
+  const model = Harness.perfModel()
+  const prng = Prng.make(1)
+  const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * 512)))
+  const optimizer = tf.train.adam(1e-4)
+  const variables = Transformer.trainableVariables(model)
+  const step = () => {
+    const loss = optimizer.minimize(
+      () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
+      true,
+      variables
+    )!
+    loss.dataSync()
+    loss.dispose()
+  }
+  const ms = await Harness.medianMs(step, iters, 2)
+  const tensorsLeft = tf.memory().numTensors
+  optimizer.dispose()
+  Transformer.dispose(model)
+  const effectRl: Harness.Throughput = { msPerStep: ms, tokensPerSec: (B * T * 1000) / ms }
+  const torch = process.argv.includes("--no-torch")
+    ? undefined
+    : Harness.runTorch("train_step.py", backend.threads, iters)
+  Harness.report({
+    bench: "train-step",
+    threads: backend.threads,
+    effectRl,
+    torch: torch === undefined ? null : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec },
+    ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
+    kernels: backend.kernels,
+    torchThreads: torch?.threads ?? null,
+    torchMatmulGflops: torch?.matmulGflops ?? null,
+    workload: { batch: B, tokens: T, optimizer: "adam", iters, tensorsAfterSteps: tensorsLeft },
+    ...Harness.environment()
+  })
+}
+
+if (import.meta.main) await run()
