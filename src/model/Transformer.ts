@@ -239,10 +239,16 @@ interface Projection {
 }
 
 interface LayerView {
-  readonly inputNorm: tf.Tensor1D // [D]
-  readonly postNorm: tf.Tensor1D // [D]
+  /** undefined in inference views: the norm weights are folded into the rows of the next projection's weight. */
+  readonly inputNorm: tf.Tensor1D | undefined // [D]
+  readonly postNorm: tf.Tensor1D | undefined // [D]
   readonly qNorm?: tf.Tensor1D // [hd]
   readonly kNorm?: tf.Tensor1D // [hd]
+  /**
+   * Inference views: 1/√hd is folded into q (its projection columns, or `qkNorm`), so q and k are normed (`qkNorm`,
+   * q_norm·(1/√hd) stacked H times over k_norm stacked Hkv times) and rotated together as one [N, H + Hkv, hd] tensor.
+   */
+  readonly jointQk?: { readonly qkNorm?: tf.Tensor2D } // [H + Hkv, hd]
   /** [q, k, v] separately (training), or one fused q|k|v projection (inference). */
   readonly qkv: ReadonlyArray<Projection>
   readonly o: Projection
@@ -255,7 +261,7 @@ interface LayerView {
 export interface WeightView {
   readonly layers: ReadonlyArray<LayerView>
   readonly embed: tf.Tensor2D // [V, D]
-  readonly finalNorm: tf.Tensor1D // [D]
+  readonly finalNorm: tf.Tensor1D | undefined // [D]; undefined = folded into the head's rows
   readonly head: tf.Tensor2D | undefined // [D, V]; undefined = tied, transpose embed per forward
   readonly owned: ReadonlyArray<tf.Tensor>
   /** false for inference views: plain matmuls, skipping the custom-gradient wrapper's per-op overhead. */
@@ -324,39 +330,64 @@ export const inferenceView = (model: Transformer): WeightView => {
     owned.push(t)
     return t
   }
+  const c = model.config
+  const scale = 1 / Math.sqrt(c.headDim)
+  const qCols = c.numHeads * c.headDim
+  const kvCols = 2 * c.numKvHeads * c.headDim
+  // without q/k norm, 1/√hd scales q's projection columns (and bias); with it, q_norm's weight
+  const colScale = c.qkNorm
+    ? undefined
+    : Float32Array.from({ length: qCols + kvCols }, (_, i) => (i < qCols ? scale : 1))
+  const rowsTimes = (w: tf.Tensor2D, g: tf.Tensor1D | undefined): tf.Tensor2D =>
+    g === undefined ? w : (tf.mul(w, tf.reshape(g, [-1, 1])) as tf.Tensor2D) // diag(g) W: x̂·g @ W = x̂ @ diag(g) W
   const layers = base.layers.map((layer): LayerView => {
-    const qkvW = own(() => tf.concat(layer.qkv.map(merged), 1) as tf.Tensor2D) // [D, (H + 2Hkv)·hd]
+    const qkvW = own(() => {
+      const w = rowsTimes(tf.concat(layer.qkv.map(merged), 1) as tf.Tensor2D, layer.inputNorm) // [D, (H + 2Hkv)·hd]
+      return colScale === undefined ? w : (tf.mul(w, colScale) as tf.Tensor2D)
+    })
     const qkvB =
       layer.qkv[0]!.b === undefined
         ? undefined
+        : own(() => {
+            const b = tf.concat(
+              layer.qkv.map((p) => p.b!),
+              0
+            ) as tf.Tensor1D // [(H + 2Hkv)·hd]
+            return colScale === undefined ? b : (tf.mul(b, colScale) as tf.Tensor1D)
+          })
+    const qkNorm =
+      layer.qNorm === undefined
+        ? undefined
         : own(
             () =>
-              tf.concat(
-                layer.qkv.map((p) => p.b!),
-                0
-              ) as tf.Tensor1D
-          )
+              tf.concat([
+                tf.tile(tf.reshape(tf.mul(layer.qNorm!, scale), [1, -1]), [c.numHeads, 1]),
+                tf.tile(tf.reshape(layer.kNorm!, [1, -1]), [c.numKvHeads, 1])
+              ]) as tf.Tensor2D
+          ) // [H + Hkv, hd]
     return {
-      inputNorm: layer.inputNorm,
-      postNorm: layer.postNorm,
-      ...(layer.qNorm !== undefined ? { qNorm: layer.qNorm, kNorm: layer.kNorm! } : {}),
+      inputNorm: undefined,
+      postNorm: undefined,
+      jointQk: qkNorm === undefined ? {} : { qkNorm },
       qkv: [{ w: qkvW, ...(qkvB !== undefined ? { b: qkvB } : {}) }],
       o: { w: layer.o.adapter === undefined ? layer.o.w : own(() => merged(layer.o)) },
-      gateUp: [{ w: own(() => tf.concat(layer.gateUp.map(merged), 1) as tf.Tensor2D) }], // [D, 2I]
+      gateUp: [{ w: own(() => rowsTimes(tf.concat(layer.gateUp.map(merged), 1) as tf.Tensor2D, layer.postNorm)) }], // [D, 2I]
       down: { w: layer.down.adapter === undefined ? layer.down.w : own(() => merged(layer.down)) }
     }
   })
-  const head = base.head ?? own(() => tf.transpose(base.embed) as tf.Tensor2D) // [D, V]
-  return { layers, embed: base.embed, finalNorm: base.finalNorm, head, owned, differentiable: false }
+  const head = own(() => rowsTimes(base.head ?? (tf.transpose(base.embed) as tf.Tensor2D), base.finalNorm)) // [D, V]
+  return { layers, embed: base.embed, finalNorm: undefined, head, owned, differentiable: false }
 }
 
 export const disposeView = (view: WeightView): void => {
   for (const t of view.owned) t.dispose()
 }
 
-const rmsNorm = (x: tf.Tensor, w: tf.Tensor1D, eps: number): tf.Tensor => {
+/** x · rsqrt(mean(x²) + ε) · w over the last axis; `w` undefined when folded into the next matmul. */
+const rmsNorm = (x: tf.Tensor, w: tf.Tensor | undefined, eps: number): tf.Tensor => {
   const variance = tf.mean(tf.square(x), -1, true) // [..., 1]
-  return tf.mul(tf.mul(x, tf.rsqrt(tf.add(variance, eps))), w) // [..., n]
+  const normed = tf.mul(x, tf.rsqrt(tf.add(variance, eps))) // [..., n]
+  return w === undefined ? normed : tf.mul(normed, w) // [..., n]
 }
 
 type MatMul2D = (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
@@ -436,7 +467,7 @@ export interface StepInput {
 }
 
 export interface StepOutput {
-  readonly hidden: tf.Tensor2D // [B·T, D], after the final norm
+  readonly hidden: tf.Tensor2D // [B·T, D], after the final norm (without its weight for inference views: see logitsOf)
   readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens
 }
 
@@ -473,8 +504,9 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const cosK = tf.tensor(cos, [B * T, 1, hd]) // [B·T, 1, hd]
   const sinK = tf.tensor(sin, [B * T, 1, hd]) // [B·T, 1, hd]
   const scale = 1 / Math.sqrt(hd)
-  const cosQ = tf.mul(cosK, scale) // [B·T, 1, hd], 1/√hd folded in
-  const sinQ = tf.mul(sinK, scale) // [B·T, 1, hd]
+  const joint = view.layers[0]?.jointQk !== undefined
+  const cosQ = joint ? cosK : tf.mul(cosK, scale) // [B·T, 1, hd], 1/√hd folded in (unless in the weights)
+  const sinQ = joint ? sinK : tf.mul(sinK, scale) // [B·T, 1, hd]
   const rotate = tf.tensor2d(rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
   const rope = (x: tf.Tensor, heads: number, cosT: tf.Tensor, sinT: tf.Tensor): tf.Tensor => {
     const rotated = mm(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
@@ -486,18 +518,31 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   view.layers.forEach((layer, l) => {
     // --- attention
     const h = rmsNorm(x, layer.inputNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
-    const [q2, k2, v2] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training, mm) // [B·T, H·hd], [B·T, Hkv·hd] ×2
-    let q: tf.Tensor = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
-    let k: tf.Tensor = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
-    if (layer.qNorm !== undefined) {
-      q = rmsNorm(q, layer.qNorm, c.rmsNormEps) // [B·T, H, hd]
-      k = rmsNorm(k, layer.kNorm!, c.rmsNormEps) // [B·T, Hkv, hd]
+    let q: tf.Tensor
+    let k: tf.Tensor
+    let v2: tf.Tensor2D
+    if (layer.jointQk !== undefined) {
+      const [qk2, v] = projectAll(h, layer.qkv, [(H + Hkv) * hd, Hkv * hd], training, mm) // [B·T, (H + Hkv)·hd], [B·T, Hkv·hd]
+      let qk: tf.Tensor = tf.reshape(qk2!, [B * T, H + Hkv, hd]) // [B·T, H + Hkv, hd]
+      if (layer.jointQk.qkNorm !== undefined)
+        qk = rmsNorm(qk, layer.jointQk.qkNorm, c.rmsNormEps) // [B·T, H + Hkv, hd]
+      ;[q, k] = tf.split(rope(qk, H + Hkv, cosK, sinK), [H, Hkv], 1) as [tf.Tensor, tf.Tensor] // [B·T, H, hd], [B·T, Hkv, hd]
+      v2 = v! as tf.Tensor2D
+    } else {
+      const [q2, k2, v] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training, mm) // [B·T, H·hd], [B·T, Hkv·hd] ×2
+      q = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
+      k = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
+      if (layer.qNorm !== undefined) {
+        q = rmsNorm(q, layer.qNorm, c.rmsNormEps) // [B·T, H, hd]
+        k = rmsNorm(k, layer.kNorm!, c.rmsNormEps) // [B·T, Hkv, hd]
+      }
+      q = rope(q, H, cosQ, sinQ) // [B·T, H, hd], scaled by 1/√hd
+      k = rope(k, Hkv, cosK, sinK) // [B·T, Hkv, hd]
+      v2 = v! as tf.Tensor2D
     }
-    q = rope(q, H, cosQ, sinQ) // [B·T, H, hd], scaled by 1/√hd
-    k = rope(k, Hkv, cosK, sinK) // [B·T, Hkv, hd]
     const qg = tf.reshape(tf.transpose(tf.reshape(q, [B, T, Hkv, rep, hd]), [0, 2, 3, 1, 4]), [B, Hkv, rep * T, hd]) // [B, Hkv, rep·T, hd]
     const kNewT = tf.transpose(tf.reshape(k, [B, T, Hkv, hd]), [0, 2, 3, 1]) as tf.Tensor4D // [B, Hkv, hd, T]
-    const vNew = tf.transpose(tf.reshape(v2!, [B, T, Hkv, hd]), [0, 2, 1, 3]) as tf.Tensor4D // [B, Hkv, T, hd]
+    const vNew = tf.transpose(tf.reshape(v2, [B, T, Hkv, hd]), [0, 2, 1, 3]) as tf.Tensor4D // [B, Hkv, T, hd]
     const past = input.past?.[l]
     const keysT = past === undefined ? kNewT : (tf.concat([past.keysT, kNewT], 3) as tf.Tensor4D) // [B, Hkv, hd, L]
     const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 2) as tf.Tensor4D) // [B, Hkv, L, hd]

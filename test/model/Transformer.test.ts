@@ -54,35 +54,44 @@ describe("ModelConfig.fromHf", () => {
 })
 
 describe("Transformer", () => {
-  it("the fused inference view and the split attention path compute the training view's logits", () => {
-    const model = Transformer.init(ModelConfig.fromInit(init), 3, 0.3)
-    const ids = [
-      [0, 0, 4, 5, 6, 7, 8, 9],
-      [1, 2, 3, 4, 5, 6, 7, 8]
-    ]
-    const attentionMask = [
-      [0, 0, 1, 1, 1, 1, 1, 1],
-      [1, 1, 1, 1, 1, 1, 1, 1]
-    ]
-    const reference = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }).dataSync())
-    const view = Transformer.inferenceView(model)
-    const fused = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, view).dataSync())
-    Transformer.disposeView(view)
-    Transformer.setAttentionMatmul("split")
-    const split = tf.tidy(() =>
-      Transformer.forward(model, {
-        ids: [...ids, ...ids],
-        attentionMask: [...attentionMask, ...attentionMask]
-      }).dataSync()
-    )
-    Transformer.setAttentionMatmul("batched")
-    reference.forEach((v, i) => {
-      assert.approximately(fused[i]!, v, 1e-5)
-      assert.approximately(split[i]!, v, 1e-5)
+  for (const architecture of ["qwen3", "qwen2", "llama"] as const) {
+    it(`${architecture}: the fused inference view (norms and 1/√hd folded) and the split attention path compute the training view's logits`, () => {
+      const model = Transformer.init(ModelConfig.fromInit({ ...init, architecture }), 3, 0.3)
+      // non-trivial norm weights and biases, so folding them is tested
+      for (const [name, v] of model.params) {
+        if (name.endsWith("norm.weight") || name.endsWith(".bias"))
+          tf.tidy(() =>
+            v.assign(tf.add(tf.randomUniform(v.shape, 0.5, 1.5, "float32", 1), name.endsWith(".bias") ? -1 : 0))
+          )
+      }
+      const ids = [
+        [0, 0, 4, 5, 6, 7, 8, 9],
+        [1, 2, 3, 4, 5, 6, 7, 8]
+      ]
+      const attentionMask = [
+        [0, 0, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1, 1, 1]
+      ]
+      const reference = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }).dataSync())
+      const view = Transformer.inferenceView(model)
+      const fused = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, view).dataSync())
+      Transformer.disposeView(view)
+      Transformer.setAttentionMatmul("split")
+      const split = tf.tidy(() =>
+        Transformer.forward(model, {
+          ids: [...ids, ...ids],
+          attentionMask: [...attentionMask, ...attentionMask]
+        }).dataSync()
+      )
+      Transformer.setAttentionMatmul("batched")
+      reference.forEach((v, i) => {
+        assert.approximately(fused[i]!, v, 1e-5)
+        assert.approximately(split[i]!, v, 1e-5)
+      })
+      Transformer.dispose(model)
+      assert.strictEqual(tf.memory().numTensors, 0)
     })
-    Transformer.dispose(model)
-    assert.strictEqual(tf.memory().numTensors, 0)
-  })
+  }
 
   it("init is deterministic in the seed", () => {
     const config = ModelConfig.fromInit(init)
