@@ -220,7 +220,11 @@ describe("SftTrainer.trainStep", () => {
     const live = tf.memory().numTensors
     const whole = runWith(3)
     const split = runWith(1)
+    const probe = Transformer.init(config, 11)
+    const evalLoss = SftTrainer.evaluate(probe, batch, { microBatchSize: 2, padId: 256 })
+    Transformer.dispose(probe)
     assert.strictEqual(tf.memory().numTensors, live) // nothing leaked
+    assert.closeTo(evalLoss, whole.stats.loss, 1e-5) // same token-mean, before the update
     assert.closeTo(split.stats.loss, whole.stats.loss, 1e-5)
     assert.closeTo(split.stats.gradNorm, whole.stats.gradNorm, 1e-4)
     assert.strictEqual(whole.stats.lossTokens, 4 + 2 + 4) // row 1 is cut after two answer letters
