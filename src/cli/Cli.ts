@@ -5,6 +5,7 @@
 import { Command } from "effect/cli"
 import * as ConfigCommand from "./ConfigCommand.ts"
 import * as DataCommand from "./DataCommand.ts"
+import * as EnvCommand from "./EnvCommand.ts"
 import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
 import * as SftCommand from "./SftCommand.ts"
@@ -18,6 +19,7 @@ export const root = Command.make("effect-rl").pipe(
   Command.withSubcommands([
     ConfigCommand.command,
     DataCommand.command,
+    EnvCommand.command,
     EvalCommand.command,
     ModelCommand.command,
     SftCommand.command,

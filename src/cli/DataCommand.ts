@@ -10,7 +10,9 @@ import { Console, Effect, FileSystem, Option, Path, Stream } from "effect"
 import { Argument, CliError, Command, Flag } from "effect/cli"
 import * as Dataset from "../data/Dataset.ts"
 import * as DatasetStats from "../data/DatasetStats.ts"
+import * as TauBenchConverter from "../data/TauBenchConverter.ts"
 import * as ToolboxTasks from "../data/ToolboxTasks.ts"
+import * as TauDb from "../env/tau/Db.ts"
 
 const maxListed = 20
 
@@ -151,7 +153,58 @@ const generate = Command.make("generate").pipe(
   Command.withSubcommands([toolbox])
 )
 
+const tauBench = Command.make(
+  "tau-bench",
+  {
+    domain: Flag.Literals("domain", TauDb.domains).pipe(Flag.withDescription("retail or airline")),
+    split: Flag.String("split").pipe(Flag.withDescription("Task split: retail train | dev | test, airline test")),
+    data: Flag.Directory("data", { mustExist: true }).pipe(
+      Flag.withDescription("The tau-bench data directory (holds <domain>/db, tasks.json, tools.json, wiki.md)")
+    ),
+    out: Flag.String("out").pipe(Flag.withDescription("Output .jsonl (or .json) file")),
+    trainRatio: Flag.Finite("train-ratio").pipe(
+      Flag.withDescription("Keep this fraction in --out and write the rest to <out>.val.jsonl (default 1: all)"),
+      Flag.withDefault(1)
+    )
+  },
+  Effect.fn("cli.data.convert.tau-bench")(function* (flags) {
+    const fs = yield* FileSystem.FileSystem
+    const path = yield* Path.Path
+    if (!(flags.trainRatio > 0 && flags.trainRatio <= 1)) return yield* userError("--train-ratio must be in (0, 1]")
+    const data = yield* TauDb.loadDomain(flags.data, flags.domain).pipe(
+      Effect.mapError((e) => userError(`${e.file}: ${e.message}`))
+    )
+    const known = TauBenchConverter.splits(data)
+    if (!known.includes(flags.split)) {
+      return yield* userError(`${flags.domain} has no split "${flags.split}"; it has: ${known.join(", ")}`)
+    }
+    const rows = TauBenchConverter.convert(data, flags.split, flags.trainRatio)
+    const files: Array<readonly [string, number]> = [[flags.out, rows.train.length]]
+    if (flags.trainRatio < 1) files.push([TauBenchConverter.valFile(flags.out), rows.val.length])
+    const dir = path.dirname(flags.out)
+    if (dir !== "") yield* fs.makeDirectory(dir, { recursive: true })
+    yield* fs.writeFileString(flags.out, TauBenchConverter.serialize(rows.train, flags.out))
+    if (flags.trainRatio < 1) {
+      yield* fs.writeFileString(files[1]![0], TauBenchConverter.serialize(rows.val, files[1]![0]))
+    }
+    for (const [file, n] of files) yield* Console.log(`${file}: ${n} rows`)
+    yield* Console.log(
+      JSON.stringify({
+        domain: flags.domain,
+        split: flags.split,
+        train: { file: flags.out, rows: rows.train.length },
+        ...(flags.trainRatio < 1 ? { val: { file: files[1]![0], rows: rows.val.length } } : {})
+      })
+    )
+  })
+).pipe(Command.withDescription("tau-bench tasks → SkyRL rows for the tau_bench env (ground-truth actions and outputs)"))
+
+const convert = Command.make("convert").pipe(
+  Command.withDescription("Convert datasets to SkyRL-format rows"),
+  Command.withSubcommands([tauBench])
+)
+
 export const command = Command.make("data").pipe(
   Command.withDescription("Inspect, convert and generate datasets"),
-  Command.withSubcommands([inspect, generate])
+  Command.withSubcommands([inspect, convert, generate])
 )

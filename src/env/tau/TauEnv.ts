@@ -97,8 +97,19 @@ export const taskOf = Effect.fn("TauEnv.taskOf")(function* (
   } satisfies TaskSpec
 })
 
+/** An episode: its env, and what `check` and tests may look at (the task, the DB, the reward once done). */
+export interface Episode {
+  readonly env: Env
+  readonly task: TaskSpec
+  readonly db: Db.Db
+  readonly result: () => Reward.RewardInfo | undefined
+}
+
 /** The env of one trajectory. */
-export const make = Effect.fn("TauEnv.make")(function* (row: PromptRow, options: TauEnvOptions) {
+export const make = (row: PromptRow, options: TauEnvOptions) => Effect.map(episode(row, options), (e) => e.env)
+
+/** `make`, keeping the episode's state in reach. */
+export const episode = Effect.fn("TauEnv.episode")(function* (row: PromptRow, options: TauEnvOptions) {
   const task = yield* taskOf(row, options)
   const data = yield* Db.loadDomain(options.dataDir, task.domain).pipe(
     Effect.mapError((e) => new EnvError({ envClass, reason: "Failed", message: `${e.file}: ${e.message}` }))
@@ -232,15 +243,35 @@ export const make = Effect.fn("TauEnv.make")(function* (row: PromptRow, options:
     })),
     close: Effect.void
   }
-  return env
+  return { env, task, db, result: () => result } satisfies Episode
 })
 
-/** Hash and reward of the DB an episode left; for `env check` and tests. */
-export const replayTask = Effect.fn("TauEnv.replayTask")(function* (task: TaskSpec, dataDir: string) {
-  const data = yield* Db.loadDomain(dataDir, task.domain)
-  const { db, observations } = Reward.replay(data, task.actions)
-  const replies = task.outputs.length > 0 ? [task.outputs.join(" ")] : []
-  return { ...Reward.reward(data, db, task, replies), observations }
+/**
+ * The env sanity check of one row: a fresh episode with the scripted user, driven by an agent that makes each
+ * ground-truth call (as a Hermes tool call, skipping `transfer_to_human_agents`, as upstream's replay does) and then
+ * says every required output. A sound env and task give reward 1; `hash` is the DB's canonical hash at the end.
+ */
+export const check = Effect.fn("TauEnv.check")(function* (row: PromptRow, options: TauEnvOptions) {
+  const task = yield* taskOf(row, options)
+  const calls = task.actions.filter((a) => a.name !== Tool.terminateTool)
+  const run = yield* episode(row, { ...options, user: "scripted", maxSteps: calls.length + 2 })
+  yield* run.env.init(row.prompt)
+  const observations: Array<string> = []
+  for (const action of calls) {
+    const out = yield* run.env.step(ToolCallParser.toText({ name: action.name, arguments: action.kwargs }, "hermes"))
+    observations.push(out.metadata.toolCalls[0]?.result ?? "")
+    if (out.done) break
+  }
+  const last = yield* run.env.step(task.outputs.length > 0 ? `Done: ${task.outputs.join(" ")}.` : "Done.")
+  const result = run.result()
+  return {
+    task,
+    done: last.done,
+    reward: last.reward,
+    hash: result?.hash ?? Reward.hashDb(run.db),
+    gtHash: result?.gtHash,
+    observations
+  }
 })
 
 /** The options an `environment` section with a `tau` part gives. */
