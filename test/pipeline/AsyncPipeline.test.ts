@@ -1,0 +1,173 @@
+/**
+ * The async pipeline end to end, through the CLI as users run it (configs/tiny-async.yaml: a tiny random policy, the
+ * toolbox MCP server, an entropy bonus so every step moves the weights).
+ */
+import { spawn } from "node:child_process"
+import { appendFileSync, existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect, Stream } from "effect"
+import * as AsyncPipeline from "../../src/pipeline/AsyncPipeline.ts"
+import * as ConsumedLog from "../../src/pipeline/ConsumedLog.ts"
+import * as EpisodeLog from "../../src/store/EpisodeLog.ts"
+import * as Cli from "../fixtures/Cli.ts"
+
+const tmp = mkdtempSync(join(tmpdir(), "effect-rl-async-"))
+const config = "configs/tiny-async.yaml"
+
+const consumedLines = (runDir: string) =>
+  readFileSync(join(runDir, "consumed.jsonl"), "utf8")
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => JSON.parse(l) as ConsumedLog.Line)
+
+const trainMetrics = (runDir: string) =>
+  readFileSync(join(runDir, "metrics.jsonl"), "utf8")
+    .split("\n")
+    .filter((l) => l !== "")
+    .map((l) => JSON.parse(l) as Record<string, number | string>)
+    .filter((m) => m["event"] === "train")
+
+const train = (runDir: string, ...overrides: Array<string>) =>
+  Cli.run(["train", "--config", config, "--run-dir", runDir, "logging.progress=false", ...overrides], {
+    timeoutMs: 240_000
+  })
+
+describe("AsyncPipeline helpers", () => {
+  it("stepOfVersion finds the step whose published weights a version is", () => {
+    // step 0 published v0, step 1 → v2 (two mini-batches), step 2 → v2 (no update), step 3 → v5
+    const published = [0, 2, 2, 5]
+    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 0), 0)
+    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 1), 0) // mid-step 1: still older than its end
+    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 2), 2) // v2 is the weights of steps 1 and 2
+    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 7), 3)
+  })
+
+  it.effect("ConsumedLog.truncateTo keeps the lines of steps up to the checkpoint and drops a torn line", () =>
+    Effect.gen(function* () {
+      const dir = mkdtempSync(join(tmp, "consumed-"))
+      const group = (uid: string, cursor: number) => ({
+        promptUid: uid,
+        cursor,
+        dataSource: "toolbox",
+        envClass: "mcp_tool",
+        trajectories: []
+      })
+      yield* ConsumedLog.append(dir, 1, [group("a", 0), group("b", 1)])
+      yield* ConsumedLog.append(dir, 2, [group("c", 2), group("d", 3)])
+      appendFileSync(ConsumedLog.file(dir), '{"uid":"e","cur')
+      const dropped = yield* ConsumedLog.truncateTo(dir, 1)
+      assert.strictEqual(dropped, 3) // two lines of step 2 and the torn one
+      assert.deepStrictEqual(
+        (yield* ConsumedLog.read(dir)).map((l) => l.uid),
+        ["a", "b"]
+      )
+    })
+  )
+
+  it.effect("ConsumedLog.dropTornTail cuts a JSONL file back to its last whole line", () =>
+    Effect.gen(function* () {
+      const file = join(mkdtempSync(join(tmp, "torn-")), "episodes.jsonl")
+      appendFileSync(file, '{"a":1}\n{"b":2}\n{"c":')
+      assert.strictEqual(yield* ConsumedLog.dropTornTail(file), 5)
+      assert.strictEqual(readFileSync(file, "utf8"), '{"a":1}\n{"b":2}\n')
+      assert.strictEqual(yield* ConsumedLog.dropTornTail(file), 0)
+    })
+  )
+})
+
+describe("train with pipeline.mode async", () => {
+  it("with max_staleness_steps 0 produces bit-identical weights to the sync pipeline", () => {
+    const runs = ["sync", "async"].map((mode) => {
+      const runDir = join(tmp, `equal-${mode}`)
+      const result = train(
+        runDir,
+        `pipeline.mode=${mode}`,
+        "pipeline.max_staleness_steps=0",
+        "data.max_prompts=4",
+        "checkpoint.interval=1"
+      )
+      assert.strictEqual(result.code, 0, result.stderr)
+      assert.strictEqual(JSON.parse(result.lastLine).steps, 2)
+      return runDir
+    })
+    const weights = (runDir: string, step: number) =>
+      readFileSync(join(runDir, "checkpoints", `step-${step}`, "model.safetensors"))
+    const [sync, async] = runs as [string, string]
+    assert.isFalse(weights(sync, 1).equals(weights(sync, 2)), "the weights must move, or equality proves nothing")
+    assert.isTrue(weights(sync, 2).equals(weights(async, 2)), "final weights differ between sync and async (S = 0)")
+    assert.deepStrictEqual(consumedLines(async), consumedLines(sync))
+    for (const m of trainMetrics(async)) assert.strictEqual(m["async/staleness_max"], 0)
+  })
+
+  it("resumes after kill -9 without losing or repeating a prompt", async () => {
+    const runDir = join(tmp, "killed")
+    const overrides = [
+      "logging.progress=false",
+      "data.max_prompts=16", // 8 steps of 2 groups
+      "pipeline.max_staleness_steps=2",
+      "pipeline.num_generation_workers=4",
+      "checkpoint.interval=1"
+    ]
+    const child = spawn(
+      process.execPath,
+      ["src/main.ts", "train", "--config", config, "--run-dir", runDir, ...overrides],
+      {
+        stdio: ["ignore", "ignore", "pipe"],
+        env: { ...process.env, NO_COLOR: "1" }
+      }
+    )
+    let stderr = ""
+    child.stderr.on("data", (chunk) => {
+      stderr += String(chunk)
+    })
+    const exited = new Promise<NodeJS.Signals | number | null>((resolve) =>
+      child.on("exit", (code, signal) => resolve(signal ?? code))
+    )
+    // kill once a checkpoint holding in-flight groups exists and some steps are consumed
+    const ready = () => {
+      try {
+        const latest = readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim()
+        const inflight = readFileSync(join(runDir, "checkpoints", latest, AsyncPipeline.inflightFile), "utf8")
+        return inflight.length > 0 && consumedLines(runDir).length >= 4
+      } catch {
+        return false // not written yet, or pruned between the two reads
+      }
+    }
+    let finished = false
+    void exited.then(() => {
+      finished = true
+    })
+    while (!ready() && !finished) await new Promise((r) => setTimeout(r, 100))
+    assert.isFalse(finished, `the run ended before it could be killed:\n${stderr}`)
+    child.kill("SIGKILL")
+    assert.strictEqual(await exited, "SIGKILL")
+    const before = consumedLines(runDir).length
+    assert.isBelow(before, 16)
+    // a crash mid-write: the episode log ends in a torn line
+    appendFileSync(join(runDir, EpisodeLog.fileName), '{"promptUid":"toolbox-train-0')
+
+    const resumed = train(runDir, ...overrides.slice(1), "--resume", "latest")
+    assert.strictEqual(resumed.code, 0, resumed.stderr)
+    assert.match(resumed.stderr, /resumed from .*step-\d+ at step \d+: [1-9]\d* in-flight groups restored/)
+    assert.match(resumed.stderr, /episodes\.jsonl: skipping torn last line/)
+
+    const lines = consumedLines(runDir)
+    const uids = lines.map((l) => l.uid)
+    assert.strictEqual(new Set(uids).size, 16, "every prompt once")
+    assert.strictEqual(uids.length, 16, "no prompt twice")
+    assert.deepStrictEqual(
+      lines.map((l) => l.cursor),
+      Array.from({ length: 16 }, (_, i) => i)
+    )
+    for (const m of trainMetrics(runDir)) assert.isAtMost(m["async/staleness_max"] as number, 2)
+    // the episode log reads back whole
+    const groups = await Effect.runPromise(
+      EpisodeLog.read(join(runDir, EpisodeLog.fileName)).pipe(Stream.runCollect, Effect.provide(NodeServices.layer))
+    )
+    assert.isAtLeast(groups.length, 16)
+    assert.isTrue(existsSync(join(runDir, "checkpoints", "step-8")))
+  })
+})
