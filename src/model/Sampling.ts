@@ -73,11 +73,6 @@ export interface Options {
   readonly logprobsMode?: "processed" | "raw"
   /** false = the no-cache reference path (slow; for tests). Default true. */
   readonly useCache?: boolean
-  /**
-   * Borrowed inference view for a version (an engine shares one across concurrent requests and disposes it itself).
-   * Default: `generate` builds its own with `Transformer.inferenceView` and disposes it.
-   */
-  readonly view?: (version: number) => Transformer.WeightView
 }
 
 /** Draw one token from a logits row. Exported for tests. */
@@ -311,8 +306,7 @@ export const generate = async (
     let appended: Array<number> | undefined
     while (active.length > 0) {
       const v = options.beforeStep === undefined ? 0 : await options.beforeStep()
-      if (options.view !== undefined) view = options.view(v)
-      else if (view === undefined || v !== version) {
+      if (view === undefined || v !== version) {
         if (view !== undefined) Transformer.disposeView(view)
         view = Transformer.inferenceView(model)
         version = v
@@ -334,7 +328,7 @@ export const generate = async (
     }
   } finally {
     stepper.dispose()
-    if (view !== undefined && options.view === undefined) Transformer.disposeView(view)
+    if (view !== undefined) Transformer.disposeView(view)
   }
   return rows.map(toCompletion)
 }
