@@ -31,13 +31,13 @@ const bytesOf = (model: Transformer.Transformer) =>
 
 describe("Safetensors", () => {
   it("round-trips F32 exactly and rounds to BF16 to nearest even", () => {
-    const data = Float32Array.from([1, -2.5, 3.14159, 1e-30, 65504, 1 + 2 ** -8, 1 + 3 * 2 ** -8])
+    const data = Float32Array.from([1, -2.5, Math.PI, 1e-30, 65504, 1 + 2 ** -8, 1 + 3 * 2 ** -8])
     const f32 = Safetensors.decode(Safetensors.encode([{ name: "x", shape: [7], data }], "F32"))
     assert.deepStrictEqual(Array.from(f32.tensors.get("x")!.data), Array.from(data))
     assert.strictEqual(f32.metadata["format"], "pt")
     const bf = Safetensors.decode(Safetensors.encode([{ name: "x", shape: [7], data }], "BF16")).tensors.get("x")!
     assert.strictEqual(bf.dtype, "BF16")
-    // 3.14159 → 3.140625; 1 + 2⁻⁸ is a tie → rounds to even 1; 1 + 3·2⁻⁸ → 1 + 2⁻⁶ (even)
+    // π → 3.140625; 1 + 2⁻⁸ is a tie → rounds to even 1; 1 + 3·2⁻⁸ → 1 + 2⁻⁶ (even)
     assert.deepStrictEqual(Array.from(bf.data).slice(0, 3), [1, -2.5, 3.140625])
     assert.strictEqual(bf.data[5], 1)
     assert.strictEqual(bf.data[6], 1 + 2 ** -6)
