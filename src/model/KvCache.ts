@@ -31,8 +31,36 @@ const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number
     return Transformer.logitsOf(view, last).dataSync() as Float32Array // [B, V]
   })
 
-/** Run the prompts (ragged; left-padded here) and cache their keys/values. Every prompt must be non-empty. */
+/**
+ * Run the prompts (ragged; left-padded here) and cache their keys/values. Every prompt must be non-empty. Identical
+ * prompts (the n samples of a GRPO group) are run once and their cache rows copied.
+ */
 export const prefill = (
+  model: Transformer.Transformer,
+  view: Transformer.WeightView,
+  prompts: ReadonlyArray<ReadonlyArray<number>>
+): Stepped => {
+  const firstIndex = new Map<string, number>()
+  const unique: Array<ReadonlyArray<number>> = []
+  const rowOf = prompts.map((p) => {
+    const key = p.join(",")
+    let u = firstIndex.get(key)
+    if (u === undefined) {
+      u = unique.length
+      firstIndex.set(key, u)
+      unique.push(p)
+    }
+    return u
+  })
+  if (unique.length === prompts.length) return prefillRows(model, view, prompts)
+  const stepped = prefillRows(model, view, unique)
+  const V = stepped.logits.length / unique.length
+  const logits = new Float32Array(prompts.length * V)
+  rowOf.forEach((u, i) => logits.set(stepped.logits.subarray(u * V, (u + 1) * V), i * V))
+  return { cache: select(stepped.cache, rowOf), logits }
+}
+
+const prefillRows = (
   model: Transformer.Transformer,
   view: Transformer.WeightView,
   prompts: ReadonlyArray<ReadonlyArray<number>>

@@ -57,6 +57,21 @@ describe("Sampling.generate", () => {
     assert.deepStrictEqual(alone[0]!.tokens, cached[1]!.tokens)
   })
 
+  it("a group of identical prompts (prefilled once) samples like the no-cache path, each row with its own seed", async () => {
+    const requests = [0, 1, 2, 3].map((seed) => ({
+      promptIds: [5, 4, 3, 2, 1],
+      sampling: params({ temperature: 1, maxNewTokens: 6, seed })
+    }))
+    const withOther = [...requests, { promptIds: [7, 7], sampling: params({ temperature: 0, maxNewTokens: 4 }) }]
+    const cached = await Sampling.generate(model, withOther)
+    const reference = await Sampling.generate(model, withOther, { useCache: false })
+    assert.deepStrictEqual(
+      cached.map((c) => c.tokens),
+      reference.map((c) => c.tokens)
+    )
+    assert.isAbove(new Set(cached.slice(0, 4).map((c) => c.tokens.join(","))).size, 1)
+  })
+
   it("the same seed gives the same tokens, whatever else is in the batch; another seed differs", async () => {
     const s = params({ temperature: 1.3, maxNewTokens: 12, seed: 42 })
     const a = await Sampling.generate(model, [{ promptIds: [1, 2, 3], sampling: s }])
