@@ -96,8 +96,10 @@ export const make = (variables: ReadonlyArray<tf.Variable>, c: OptimizerConfig):
       state.names.forEach((name, i) => {
         const p = byName.get(name)
         if (p === undefined) throw new Error(`AdamW.restore: no parameter ${name}`)
-        slot(m, p).assign(tf.tensor(state.m[i]!, p.shape))
-        slot(v, p).assign(tf.tensor(state.v[i]!, p.shape))
+        tf.tidy(() => {
+          slot(m, p).assign(tf.tensor(state.m[i]!, p.shape))
+          slot(v, p).assign(tf.tensor(state.v[i]!, p.shape))
+        })
       })
     },
     dispose: () => {
