@@ -1,4 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
+import * as tf from "@tensorflow/tfjs"
 import { Effect, Fiber } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
@@ -170,5 +171,25 @@ describe("LocalEngine", () => {
         assert.strictEqual(result!.tokens.length, 10)
       })
     )
+  )
+
+  it.live("releases every tensor (view, cache, model) when its scope closes", () =>
+    Effect.gen(function* () {
+      yield* TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })
+      const before = tf.memory().numTensors
+      yield* Effect.scoped(
+        withEngine(() =>
+          Effect.gen(function* () {
+            const engine = yield* InferenceEngine
+            yield* engine.generate([{ promptIds: [1, 2, 3], sampling: greedy(5) }])
+            const interrupted = yield* Effect.forkChild(engine.generate([{ promptIds: [4], sampling: greedy(50) }]))
+            yield* turns(3)
+            yield* Fiber.interrupt(interrupted)
+          })
+        )
+      )
+      yield* turns(3) // the scheduler drops the interrupted row on its next iteration, or the finalizer frees it
+      assert.strictEqual(tf.memory().numTensors, before)
+    })
   )
 })
