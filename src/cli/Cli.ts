@@ -8,6 +8,7 @@ import * as DataCommand from "./DataCommand.ts"
 import * as EnvCommand from "./EnvCommand.ts"
 import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
+import * as ReportCommand from "./ReportCommand.ts"
 import * as SftCommand from "./SftCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
 import * as TrainCommand from "./TrainCommand.ts"
@@ -22,6 +23,7 @@ export const root = Command.make("effect-rl").pipe(
     EnvCommand.command,
     EvalCommand.command,
     ModelCommand.command,
+    ReportCommand.command,
     SftCommand.command,
     ToolsCommand.command,
     TrainCommand.command

@@ -1,0 +1,578 @@
+/**
+ * The run report: one self-contained HTML file built from a run directory (metrics.jsonl, episodes.jsonl,
+ * consumed.jsonl, config.yaml, the latest checkpoint's tokenizer), with no network at view time: the charting library
+ * (uPlot, MIT) and its CSS are inlined, and the data is embedded as JSON.
+ *
+ * What it shows: the run's summary (steps, wall time, held-out eval before → after), curves of every training metric
+ * (reward, pass@n, held-out success, KL, entropy, response length, staleness, throughput, losses, timings), and a
+ * trajectory viewer (step → group → each sample's turns, tokens coloured by loss mask, tool calls with their I/O,
+ * per-turn rewards, stop reason).
+ *
+ * Limits, on purpose, so the file stays small: the episodes of at most `maxSteps` steps (sampled evenly, first and
+ * last included), `maxGroupsPerStep` groups of each, prompts and responses cut at `maxTokens` tokens, and a total
+ * budget of `maxTotalTokens` embedded tokens (fewer steps when exceeded). The page says what was left out.
+ *
+ * Everything from the run (model output, tool results, config) is data: it goes into the page as JSON inside a
+ * `<script type="application/json">` with `<`, `>`, `&` escaped, and the page's script writes it with `textContent`.
+ */
+import { createRequire } from "node:module"
+import { Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
+import type { RunConfig } from "../config/RunConfig.ts"
+import * as RunConfigLoader from "../config/RunConfigLoader.ts"
+import type { Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as ConsumedLog from "../pipeline/ConsumedLog.ts"
+import * as EpisodeLog from "../store/EpisodeLog.ts"
+import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
+import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import * as Metrics from "./Metrics.ts"
+import * as ReportPage from "./report-template/ReportPage.ts"
+
+export class ReportError extends Schema.TaggedError<ReportError>()("ReportError", {
+  path: Schema.String,
+  message: Schema.String
+}) {}
+
+export interface Options {
+  /** where to write; default `<run dir>/report.html` */
+  readonly out?: string
+  /** steps whose episodes are embedded (sampled evenly); default 50 */
+  readonly maxSteps?: number
+  /** groups embedded per step (the first by dataset cursor); default 4 */
+  readonly maxGroupsPerStep?: number
+  /** prompt and response tokens kept per trajectory; default 2048 */
+  readonly maxTokens?: number
+  /** total embedded tokens; fewer steps are embedded beyond it; default 400k (about 8 MB of HTML) */
+  readonly maxTotalTokens?: number
+}
+
+const defaults = { maxSteps: 50, maxGroupsPerStep: 4, maxTokens: 2048, maxTotalTokens: 400_000 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// The embedded data (what the page's script reads)
+
+/** Columns over steps: `steps[i]` and `series[key][i]` (null where a step lacks the key). */
+export interface Columns {
+  readonly steps: ReadonlyArray<number>
+  readonly series: Readonly<Record<string, ReadonlyArray<number | null>>>
+}
+
+/** Tokens as the policy saw them: `text[i]` is token i's text ("" when a multi-byte character is on token i − 1). */
+export interface Tokens {
+  readonly ids: ReadonlyArray<number>
+  readonly text: ReadonlyArray<string> | null // null: no tokenizer could be loaded, the page shows ids
+  readonly mask: string // one "0"/"1" per token (1 = sampled by the policy, trained on)
+  readonly logprobs?: ReadonlyArray<number> // behaviour log-probs (responses only), 3 decimals
+  readonly special: ReadonlyArray<number> // indices of special (added) tokens
+  readonly omitted: number // tokens cut off at the end
+}
+
+export interface ViewTurn {
+  readonly start: number
+  readonly end: number
+  readonly observationEnd: number // end of the template + observation tokens that follow the turn
+  readonly reward: number
+  readonly finishReason: string
+  readonly policyVersions: readonly [number, number]
+  readonly toolCalls: ReadonlyArray<{
+    readonly tool: string
+    readonly server?: string
+    readonly arguments: unknown
+    readonly result: string
+    readonly isError: boolean
+    readonly ms: number
+  }>
+  readonly parseError?: string
+  readonly llmMs: number
+  readonly envMs: number
+}
+
+export interface ViewTrajectory {
+  readonly id: string
+  readonly sample: number
+  readonly reward: number
+  readonly stopReason: string
+  readonly error?: string
+  readonly envMetrics: Readonly<Record<string, number>>
+  readonly turns: ReadonlyArray<ViewTurn>
+  readonly response: Tokens
+}
+
+export interface ViewGroup {
+  readonly uid: string
+  readonly cursor: number
+  readonly dataSource: string
+  readonly envClass: string
+  readonly prompt: Tokens
+  readonly trajectories: ReadonlyArray<ViewTrajectory>
+}
+
+export interface EvalScore {
+  readonly step: number
+  readonly scores: Readonly<Record<string, { readonly avg_score?: number; readonly pass_at_n?: number }>>
+}
+
+export interface Data {
+  readonly runDir: string
+  readonly generatedAt: string
+  readonly summary: {
+    readonly steps: number
+    readonly seconds: number
+    readonly trajectories: number // trajectories trained on (in consumed groups)
+    readonly generatedTokens: number // sampled tokens (loss mask 1) in those trajectories
+    readonly firstReward?: number
+    readonly lastReward?: number
+    readonly evalBefore?: EvalScore
+    readonly evalAfter?: EvalScore
+    readonly tokenizer: string
+    readonly mode?: string
+  }
+  readonly train: Columns
+  readonly eval: Columns
+  readonly episodes: {
+    readonly note: string
+    readonly steps: ReadonlyArray<{ readonly step: number; readonly groups: ReadonlyArray<ViewGroup> }>
+  }
+  readonly config: string
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Metrics
+
+type MetricRecord = Readonly<Record<string, unknown>>
+
+const parseJsonl = (text: string): Array<MetricRecord> =>
+  text.split("\n").flatMap((line) => {
+    if (line.trim() === "") return []
+    try {
+      const value: unknown = JSON.parse(line)
+      return typeof value === "object" && value !== null ? [value as MetricRecord] : []
+    } catch {
+      return [] // a torn last line (crash mid-write)
+    }
+  })
+
+const numericEntries = (r: MetricRecord): Array<readonly [string, number]> =>
+  Object.entries(r).flatMap(([k, v]) =>
+    k !== "step" && k !== "time" && typeof v === "number" && Number.isFinite(v) ? [[k, v] as const] : []
+  )
+
+/** Columns from records keyed by step; a later record of the same step (a resumed run) replaces the earlier one. */
+export const columns = (records: ReadonlyArray<MetricRecord>): Columns => {
+  const byStep = new Map<number, MetricRecord>()
+  for (const r of records) if (typeof r["step"] === "number") byStep.set(r["step"], r)
+  const steps = [...byStep.keys()].sort((a, b) => a - b)
+  const keys = new Set<string>()
+  for (const r of byStep.values()) for (const [k] of numericEntries(r)) keys.add(k)
+  const series: Record<string, Array<number | null>> = {}
+  for (const key of [...keys].sort()) {
+    series[key] = steps.map((s) => {
+      const v = byStep.get(s)![key]
+      return typeof v === "number" && Number.isFinite(v) ? v : null
+    })
+  }
+  return { steps, series }
+}
+
+/** Wall time of a run that may have been resumed: `time` restarts at each process start, so add up the segments. */
+export const wallSeconds = (records: ReadonlyArray<MetricRecord>): number => {
+  let total = 0
+  let segmentMax = 0
+  let last = -1
+  for (const r of records) {
+    const t = r["time"]
+    if (typeof t !== "number") continue
+    if (t < last) {
+      total += segmentMax
+      segmentMax = 0
+    }
+    segmentMax = Math.max(segmentMax, t)
+    last = t
+  }
+  return total + segmentMax
+}
+
+const evalScore = (cols: Columns, index: number): EvalScore => {
+  const scores: Record<string, { avg_score?: number; pass_at_n?: number }> = {}
+  for (const [key, values] of Object.entries(cols.series)) {
+    const m = /^eval\/(.+)\/(avg_score|pass_at_n)$/.exec(key)
+    const v = values[index]
+    if (m === null || v === null || v === undefined) continue
+    const source = m[1]!
+    scores[source] = { ...scores[source], [m[2]!]: v }
+  }
+  return { step: cols.steps[index]!, scores }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Episodes
+
+/** `k` of `n` indices spread evenly, first and last included. */
+export const evenly = (n: number, k: number): Array<number> => {
+  if (k >= n) return Array.from({ length: n }, (_, i) => i)
+  if (k <= 1) return n === 0 ? [] : [n - 1]
+  return [...new Set(Array.from({ length: k }, (_, i) => Math.round((i * (n - 1)) / (k - 1))))]
+}
+
+const groupKey = (uid: string, cursor: number) => `${uid}#${cursor}`
+
+/**
+ * Decoded text per token. A token that is only part of a UTF-8 character (byte tokenizers, byte-fallback BPE)
+ * decodes to U+FFFD alone: then up to 3 following tokens of the same mask are joined to it, the text goes on the
+ * first and the others get "".
+ */
+export const tokenTexts = (tokenizer: TokenizerImpl, ids: ReadonlyArray<number>, mask?: string): Array<string> => {
+  const out = new Array<string>(ids.length).fill("")
+  let i = 0
+  while (i < ids.length) {
+    let width = 1
+    let text = tokenizer.decode([ids[i]!])
+    if (text.includes("\uFFFD")) {
+      for (let w = 2; w <= 4 && i + w <= ids.length; w++) {
+        if (mask !== undefined && mask[i + w - 1] !== mask[i]) break
+        const joined = tokenizer.decode(ids.slice(i, i + w))
+        if (!joined.includes("\uFFFD")) {
+          text = joined
+          width = w
+          break
+        }
+      }
+    }
+    out[i] = text
+    i += width
+  }
+  return out
+}
+
+const round3 = (x: number) => Math.round(x * 1000) / 1000
+
+const toTokens = (
+  tokenizer: TokenizerImpl | undefined,
+  specialIds: ReadonlySet<number>,
+  allIds: ReadonlyArray<number>,
+  allMask: ReadonlyArray<number> | undefined,
+  allLogprobs: ReadonlyArray<number> | undefined,
+  maxTokens: number
+): Tokens => {
+  const ids = allIds.slice(0, maxTokens)
+  const mask =
+    allMask === undefined ? "0".repeat(ids.length) : ids.map((_, i) => (allMask[i] === 1 ? "1" : "0")).join("")
+  const special: Array<number> = []
+  ids.forEach((id, i) => {
+    if (specialIds.has(id)) special.push(i)
+  })
+  return {
+    ids,
+    text: tokenizer === undefined ? null : tokenTexts(tokenizer, ids, mask),
+    mask,
+    ...(allLogprobs === undefined
+      ? {}
+      : { logprobs: ids.map((_, i) => (mask[i] === "1" ? round3(allLogprobs[i]!) : 0)) }),
+    special,
+    omitted: allIds.length - ids.length
+  }
+}
+
+const viewTrajectory = (
+  t: Trajectory,
+  tokenizer: TokenizerImpl | undefined,
+  specialIds: ReadonlySet<number>,
+  maxTokens: number
+): ViewTrajectory => ({
+  id: t.id,
+  sample: t.sample,
+  reward: t.reward,
+  stopReason: t.stopReason,
+  ...(t.error === undefined ? {} : { error: t.error }),
+  envMetrics: t.envMetrics,
+  turns: t.turns.map((turn, k) => ({
+    start: turn.start,
+    end: turn.end,
+    observationEnd: Math.min(
+      t.responseIds.length,
+      k + 1 < t.turns.length ? t.turns[k + 1]!.start : turn.end + turn.observationTokens
+    ),
+    reward: turn.reward,
+    finishReason: turn.finishReason,
+    policyVersions: [turn.policyVersionFirst, turn.policyVersionLast] as const,
+    toolCalls: turn.toolCalls.map((c) => ({
+      tool: c.tool,
+      ...(c.server === undefined ? {} : { server: c.server }),
+      arguments: c.arguments,
+      result: c.result,
+      isError: c.isError,
+      ms: c.ms
+    })),
+    ...(turn.parseError === undefined ? {} : { parseError: turn.parseError }),
+    llmMs: turn.llmMs,
+    envMs: turn.envMs
+  })),
+  response: toTokens(tokenizer, specialIds, t.responseIds, t.lossMask, t.rolloutLogprobs, maxTokens)
+})
+
+const groupTokens = (g: TrajectoryGroup, maxTokens: number) =>
+  Math.min(maxTokens, g.trajectories[0]?.promptIds.length ?? 0) +
+  g.trajectories.reduce((n, t) => n + Math.min(maxTokens, t.responseIds.length), 0)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reading a run directory
+
+const readText = (file: string) =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    if (!(yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false)))) return undefined
+    return yield* fs
+      .readFileString(file)
+      .pipe(Effect.mapError((cause) => new ReportError({ path: file, message: `cannot read: ${cause.message}` })))
+  })
+
+/** The run's config (config.yaml, as `train` resolved it); undefined when absent or no longer decodable. */
+const loadConfig = (runDir: string) =>
+  Effect.gen(function* () {
+    const path = yield* Path.Path
+    const file = path.join(runDir, "config.yaml")
+    const fs = yield* FileSystem.FileSystem
+    if (!(yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false)))) return undefined
+    return Option.getOrUndefined(yield* RunConfigLoader.load(file).pipe(Effect.option))
+  })
+
+/** The tokenizer of the latest checkpoint, else the one the config names; undefined when neither loads. */
+const loadTokenizer = (runDir: string, config: RunConfig | undefined) =>
+  Effect.gen(function* () {
+    const path = yield* Path.Path
+    const latest = yield* readText(path.join(runDir, "checkpoints", "latest")).pipe(
+      Effect.orElseSucceed(() => undefined)
+    )
+    if (latest !== undefined && latest.trim() !== "") {
+      const fromCheckpoint = yield* AutoTokenizer.load(path.join(runDir, "checkpoints", latest.trim())).pipe(
+        Effect.option
+      )
+      if (Option.isSome(fromCheckpoint)) return { tokenizer: fromCheckpoint.value, from: "latest checkpoint" }
+    }
+    if (config === undefined) return undefined
+    const fromConfig = yield* AutoTokenizer.fromConfig(config.tokenizer, config.model.path).pipe(Effect.option)
+    return Option.isSome(fromConfig) ? { tokenizer: fromConfig.value, from: "run config" } : undefined
+  })
+
+/** Read a run directory into the report's data. */
+export const collect = Effect.fn("Report.collect")(function* (runDir: string, options: Options = {}) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const maxSteps = options.maxSteps ?? defaults.maxSteps
+  const maxGroupsPerStep = options.maxGroupsPerStep ?? defaults.maxGroupsPerStep
+  const maxTokens = options.maxTokens ?? defaults.maxTokens
+  const maxTotalTokens = options.maxTotalTokens ?? defaults.maxTotalTokens
+
+  if (!(yield* fs.exists(runDir).pipe(Effect.orElseSucceed(() => false)))) {
+    return yield* new ReportError({ path: runDir, message: "no such run directory" })
+  }
+  const metricsText = yield* readText(path.join(runDir, Metrics.fileName))
+  const records = parseJsonl(metricsText ?? "")
+  const train = columns(records.filter((r) => r["event"] === "train"))
+  const evalCols = columns(records.filter((r) => r["event"] === "eval"))
+  const configText = (yield* readText(path.join(runDir, "config.yaml"))) ?? ""
+  const config = yield* loadConfig(runDir)
+  const loaded = yield* loadTokenizer(runDir, config)
+  const tokenizer = loaded?.tokenizer
+  const specialIds = new Set(tokenizer?.addedTokens.map((t) => t.id) ?? [])
+
+  // the step each recorded group was trained in (consumed.jsonl); groups never trained are counted, not shown
+  const consumed = yield* ConsumedLog.read(runDir)
+  const stepOf = new Map(consumed.map((c) => [groupKey(c.uid, c.cursor), c.step] as const))
+  const batchSize = config?.trainer.train_batch_size ?? 1
+  const steps = [...new Set(consumed.map((c) => c.step))].sort((a, b) => a - b)
+  const candidates = new Set(evenly(steps.length, maxSteps).map((i) => steps[i]!))
+
+  const episodesFile = path.join(runDir, EpisodeLog.fileName)
+  const kept = new Map<string, { step: number; group: TrajectoryGroup }>()
+  const tokensByStep = new Map<number, number>()
+  let trajectories = 0
+  let generatedTokens = 0
+  let recorded = 0
+  if (yield* fs.exists(episodesFile).pipe(Effect.orElseSucceed(() => false))) {
+    yield* EpisodeLog.read(episodesFile).pipe(
+      Stream.runForEach((group) =>
+        Effect.sync(() => {
+          // without consumed.jsonl (an older run), groups are assigned to steps in file order
+          const step =
+            consumed.length > 0
+              ? stepOf.get(groupKey(group.promptUid, group.cursor))
+              : Math.floor(recorded / batchSize) + 1
+          recorded += 1
+          if (step === undefined) return
+          if (consumed.length === 0 && !steps.includes(step)) steps.push(step)
+          // a resumed run records a lost step's groups again: the later line is the one trained on
+          kept.set(groupKey(group.promptUid, group.cursor), { step, group })
+        })
+      ),
+      Effect.mapError((e) => new ReportError({ path: e.file, message: e.message }))
+    )
+  }
+  for (const { group } of kept.values()) {
+    trajectories += group.trajectories.length
+    for (const t of group.trajectories) for (const m of t.lossMask) generatedTokens += m
+  }
+  if (consumed.length === 0) for (const i of evenly(steps.length, maxSteps)) candidates.add(steps[i]!)
+
+  // the groups shown: per step the first `maxGroupsPerStep` by cursor; then fewer steps while over the token budget
+  const byStep = new Map<number, Array<TrajectoryGroup>>()
+  for (const { step, group } of kept.values()) {
+    if (!candidates.has(step)) continue
+    byStep.set(step, [...(byStep.get(step) ?? []), group])
+  }
+  for (const [step, groups] of byStep) {
+    const shown = groups.sort((a, b) => a.cursor - b.cursor).slice(0, maxGroupsPerStep)
+    byStep.set(step, shown)
+    tokensByStep.set(
+      step,
+      shown.reduce((n, g) => n + groupTokens(g, maxTokens), 0)
+    )
+  }
+  let shownSteps = [...byStep.keys()].sort((a, b) => a - b)
+  const total = (ss: ReadonlyArray<number>) => ss.reduce((n, s) => n + (tokensByStep.get(s) ?? 0), 0)
+  while (shownSteps.length > 1 && total(shownSteps) > maxTotalTokens) {
+    const fewer = evenly(shownSteps.length, Math.floor(shownSteps.length * 0.8)).map((i) => shownSteps[i]!)
+    shownSteps = fewer.length < shownSteps.length ? fewer : shownSteps.slice(0, -1)
+  }
+
+  const groupsPerStep = new Map<number, number>()
+  for (const { step } of kept.values()) groupsPerStep.set(step, (groupsPerStep.get(step) ?? 0) + 1)
+  const trainedSteps = groupsPerStep.size > 0 ? groupsPerStep.size : steps.length
+  const cutGroups = shownSteps.some((s) => (groupsPerStep.get(s) ?? 0) > maxGroupsPerStep)
+  const notes = [
+    `Episodes of ${shownSteps.length} of ${trainedSteps} trained steps${shownSteps.length < trainedSteps ? " (sampled evenly)" : ""}`,
+    cutGroups ? `at most ${maxGroupsPerStep} groups per step (lowest dataset cursor first)` : "all groups of each",
+    `prompts and responses cut at ${maxTokens} tokens`
+  ]
+  if (recorded > kept.size) notes.push(`${recorded - kept.size} recorded groups were never trained on or re-recorded`)
+  if (tokenizer === undefined) notes.push("no tokenizer could be loaded: tokens are shown as ids")
+
+  const viewGroup = (g: TrajectoryGroup): ViewGroup => ({
+    uid: g.promptUid,
+    cursor: g.cursor,
+    dataSource: g.dataSource,
+    envClass: g.envClass,
+    prompt: toTokens(tokenizer, specialIds, g.trajectories[0]?.promptIds ?? [], undefined, undefined, maxTokens),
+    trajectories: g.trajectories.map((t) => viewTrajectory(t, tokenizer, specialIds, maxTokens))
+  })
+
+  const rewards = train.series["reward/avg_raw_reward"] ?? []
+  const firstReward = rewards.find((r) => r !== null)
+  const lastReward = [...rewards].reverse().find((r) => r !== null)
+  const mode = config?.pipeline.mode
+  const data: Data = {
+    runDir: path.resolve(runDir),
+    generatedAt: new Date().toISOString(),
+    summary: {
+      steps: train.steps.length === 0 ? 0 : train.steps[train.steps.length - 1]!,
+      seconds: Math.round(wallSeconds(records) * 10) / 10,
+      trajectories,
+      generatedTokens,
+      ...(firstReward === undefined || firstReward === null ? {} : { firstReward }),
+      ...(lastReward === undefined || lastReward === null ? {} : { lastReward }),
+      ...(evalCols.steps.length === 0 ? {} : { evalBefore: evalScore(evalCols, 0) }),
+      ...(evalCols.steps.length < 2 ? {} : { evalAfter: evalScore(evalCols, evalCols.steps.length - 1) }),
+      tokenizer: loaded === undefined ? "none (ids shown)" : `${loaded.tokenizer.kind} (${loaded.from})`,
+      ...(mode === undefined ? {} : { mode })
+    },
+    train: withThroughput(train, kept),
+    eval: evalCols,
+    episodes: {
+      note: `${notes.join("; ")}.`,
+      steps: shownSteps.map((step) => ({ step, groups: (byStep.get(step) ?? []).map(viewGroup) }))
+    },
+    config: configText
+  }
+  return data
+})
+
+/**
+ * Throughput per step, added as `throughput/*` columns:
+ *   trajectories_per_s = trajectories trained in the step / timing/step
+ *   tokens_per_s       = sampled tokens (loss mask 1) in the step / timing/generate (timing/step when absent)
+ * counted from the episode log; without it, from `generate/avg_num_tokens` × trajectories.
+ */
+const withThroughput = (
+  train: Columns,
+  kept: ReadonlyMap<string, { step: number; group: TrajectoryGroup }>
+): Columns => {
+  const counts = new Map<number, { trajectories: number; tokens: number }>()
+  for (const { step, group } of kept.values()) {
+    const c = counts.get(step) ?? { trajectories: 0, tokens: 0 }
+    c.trajectories += group.trajectories.length
+    for (const t of group.trajectories) for (const m of t.lossMask) c.tokens += m
+    counts.set(step, c)
+  }
+  const stepSeconds = train.series["timing/step"]
+  const generateSeconds = train.series["timing/generate"] ?? stepSeconds
+  if (stepSeconds === undefined || counts.size === 0) return train
+  const per = (i: number, s: ReadonlyArray<number | null> | undefined, pick: "trajectories" | "tokens") => {
+    const c = counts.get(train.steps[i]!)
+    const seconds = s?.[i]
+    return c === undefined || seconds === null || seconds === undefined || seconds <= 0
+      ? null
+      : Math.round((c[pick] / seconds) * 100) / 100
+  }
+  return {
+    steps: train.steps,
+    series: {
+      ...train.series,
+      "throughput/trajectories_per_s": train.steps.map((_, i) => per(i, stepSeconds, "trajectories")),
+      "throughput/tokens_per_s": train.steps.map((_, i) => per(i, generateSeconds, "tokens"))
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Rendering and writing
+
+/** JSON safe inside a `<script>` element: no `<`, `>`, `&` or line separators survive unescaped. */
+export const scriptJson = (value: unknown): string =>
+  JSON.stringify(value)
+    .replace(/</g, "\\u003c")
+    .replace(/>/g, "\\u003e")
+    .replace(/&/g, "\\u0026")
+    .replace(/\u2028/g, "\\u2028")
+    .replace(/\u2029/g, "\\u2029")
+
+/** The charting library's browser build and stylesheet, read from node_modules (inlined into the page). */
+export const chartAssets = Effect.fn("Report.chartAssets")(function* () {
+  const fs = yield* FileSystem.FileSystem
+  const require = createRequire(import.meta.url)
+  const read = (name: string) =>
+    Effect.try({
+      try: () => require.resolve(`uplot/dist/${name}`),
+      catch: () => new ReportError({ path: `uplot/dist/${name}`, message: "the uplot package is not installed" })
+    }).pipe(
+      Effect.flatMap((file) =>
+        fs
+          .readFileString(file)
+          .pipe(Effect.mapError((cause) => new ReportError({ path: file, message: `cannot read: ${cause.message}` })))
+      )
+    )
+  const script = yield* read("uPlot.iife.min.js")
+  const style = yield* read("uPlot.min.css")
+  // inlined verbatim: a closing tag inside would end the element early
+  return { script: script.replace(/<\/(script)/gi, "<\\/$1"), style: style.replace(/<\/(style)/gi, "<\\/$1") }
+})
+
+/** The HTML page for `data` (pure). */
+export const render = (data: Data, assets: { readonly script: string; readonly style: string }): string =>
+  ReportPage.html({ data, dataJson: scriptJson(data), chartScript: assets.script, chartStyle: assets.style })
+
+/** Build the report of `runDir` and write it (default `<runDir>/report.html`); returns the file and its size. */
+export const write = Effect.fn("Report.write")(function* (runDir: string, options: Options = {}) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const data = yield* collect(runDir, options)
+  const html = render(data, yield* chartAssets())
+  const out = options.out ?? path.join(runDir, "report.html")
+  yield* fs
+    .writeFileString(out, html)
+    .pipe(Effect.mapError((cause) => new ReportError({ path: out, message: `cannot write: ${cause.message}` })))
+  return {
+    file: out,
+    bytes: Buffer.byteLength(html),
+    steps: data.summary.steps,
+    episodeSteps: data.episodes.steps.length
+  }
+})

@@ -1,0 +1,147 @@
+import { mkdtempSync, readFileSync, rmSync } from "node:fs"
+import * as fs from "node:fs/promises"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as Report from "../../src/metrics/Report.ts"
+import * as SyntheticRun from "./SyntheticRun.ts"
+
+const steps = 60
+
+/** The embedded JSON, parsed back out of the page. */
+const embedded = (html: string): Report.Data => {
+  const m = /<script type="application\/json" id="report-data">([\s\S]*?)<\/script>/.exec(html)
+  assert.isNotNull(m, "the page embeds its data")
+  return JSON.parse(m![1]!) as Report.Data
+}
+
+describe("Report.write", () => {
+  it.effect("writes one self-contained page with the run's curves, eval before → after and sampled episodes", () =>
+    Effect.gen(function* () {
+      const runDir = mkdtempSync(join(tmpdir(), "effect-rl-report-"))
+      yield* SyntheticRun.write(runDir, steps)
+      const written = yield* Report.write(runDir)
+      assert.strictEqual(written.file, join(runDir, "report.html"))
+      const html = readFileSync(written.file, "utf8")
+      assert.strictEqual(written.bytes, Buffer.byteLength(html))
+
+      // nothing is fetched at view time: no script/link/img pointing anywhere, the chart library is inline
+      assert.notMatch(html, /<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=/i)
+      assert.notMatch(html, /<[^>]+\b(src|href)\s*=\s*["']?(https?:)?\/\//i)
+      assert.include(html, "uPlot")
+      assert.include(html, 'id="charts"')
+      assert.include(html, 'id="step-select"')
+      assert.include(html, 'id="group-select"')
+      assert.include(html, 'id="trajectories"')
+
+      // model output is data: the tool result's markup never appears as markup
+      assert.notInclude(html, SyntheticRun.toolResult)
+      assert.notInclude(html, "<script>alert")
+      assert.strictEqual(html.match(/<script\b/g)?.length, 3) // uPlot, the data, the page script
+
+      // header: 60 steps; held-out avg_score 0.25 → 0.75 and pass@n 0.5 → 1 for "toolbox" and "all"
+      const header = html.slice(html.indexOf("<header>"), html.indexOf("</header>"))
+      assert.include(header, '<div class="value">60</div>')
+      assert.match(
+        header,
+        /<td>toolbox<\/td><td>0\.250 <span class="arrow up">→<\/span> 0\.750<\/td><td>0\.500 <span class="arrow up">→<\/span> 1<\/td>/
+      )
+      assert.include(header, "step 0 → step 60")
+
+      const data = embedded(html)
+      assert.deepStrictEqual(
+        data.train.steps,
+        Array.from({ length: steps }, (_, i) => i + 1)
+      )
+      assert.deepStrictEqual(
+        data.train.series["reward/avg_raw_reward"],
+        data.train.steps.map((s) => SyntheticRun.rewardAt(s, steps))
+      )
+      assert.deepStrictEqual(data.eval.steps, [0, 60])
+      assert.deepStrictEqual(data.eval.series["eval/toolbox/avg_score"], [0.25, 0.75])
+      assert.deepStrictEqual(data.train.series["async/staleness_max"]?.[0], 1)
+      // throughput: 2 groups × 4 samples / timing/step 4 s = 2 trajectories/s
+      assert.deepStrictEqual(data.train.series["throughput/trajectories_per_s"]?.[0], 2)
+      assert.strictEqual(data.summary.trajectories, steps * 8)
+      assert.strictEqual(data.summary.lastReward, 0.5)
+
+      // episodes: 50 of 60 steps, evenly, first and last included; each with its 2 groups in cursor order
+      const shown = data.episodes.steps.map((s) => s.step)
+      assert.strictEqual(shown.length, 50)
+      assert.strictEqual(shown[0], 1)
+      assert.strictEqual(shown[49], 60)
+      assert.include(data.episodes.note, "50 of 60 trained steps (sampled evenly)")
+      const last = data.episodes.steps[49]!
+      assert.deepStrictEqual(
+        last.groups.map((g) => g.cursor),
+        [118, 119]
+      )
+      const t = last.groups[0]!.trajectories[0]!
+      assert.strictEqual(t.reward, 1)
+      assert.strictEqual(t.turns.length, 2)
+      assert.strictEqual(t.turns[0]!.toolCalls[0]!.result, SyntheticRun.toolResult)
+      // the observation runs from the end of turn 1 to the start of turn 2, all mask 0
+      assert.strictEqual(t.turns[0]!.observationEnd, t.turns[1]!.start)
+      assert.match(t.response.mask.slice(t.turns[0]!.end, t.turns[0]!.observationEnd), /^0+$/)
+      assert.match(t.response.mask.slice(t.turns[1]!.start, t.turns[1]!.end), /^1+$/)
+      // decoded text: the byte tokens of ✓ (3 bytes) are joined on the first of them
+      const text = t.response.text!
+      assert.strictEqual(text.join(""), SyntheticRun.tokenizer.decode(t.response.ids))
+      const check = text.indexOf("✓")
+      assert.deepStrictEqual(text.slice(check, check + 3), ["✓", "", ""])
+      rmSync(runDir, { recursive: true, force: true })
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+
+  it.effect("keeps fewer steps under a token budget and shows ids when no tokenizer loads", () =>
+    Effect.gen(function* () {
+      const runDir = mkdtempSync(join(tmpdir(), "effect-rl-report-"))
+      yield* SyntheticRun.write(runDir, 10)
+      yield* Effect.promise(async () => {
+        await fs.rm(join(runDir, "checkpoints"), { recursive: true })
+        await fs.rm(join(runDir, "config.yaml"))
+      })
+      const out = join(runDir, "elsewhere.html")
+      // one group = a 53-token prompt + 4 × 132 response tokens = 581 tokens per step (1 group kept per step):
+      // 10 steps = 5,810 > 4,000 → 8 steps (4,648) > 4,000 → 6 steps (3,486), evenly at each cut, ends kept
+      const written = yield* Report.write(runDir, { out, maxTotalTokens: 4000, maxGroupsPerStep: 1 })
+      const data = embedded(readFileSync(out, "utf8"))
+      assert.strictEqual(written.file, out)
+      assert.deepStrictEqual(
+        data.episodes.steps.map((s) => s.step),
+        [1, 2, 5, 6, 9, 10]
+      )
+      for (const s of data.episodes.steps) assert.strictEqual(s.groups.length, 1)
+      assert.include(data.episodes.note, "at most 1 groups per step")
+      assert.include(data.episodes.note, "tokens are shown as ids")
+      assert.isNull(data.episodes.steps[0]!.groups[0]!.prompt.text)
+      rmSync(runDir, { recursive: true, force: true })
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+
+  it.effect("fails with ReportError naming a run directory that does not exist", () =>
+    Effect.gen(function* () {
+      const error = yield* Report.write("/nonexistent/run").pipe(Effect.flip)
+      assert.strictEqual(error._tag, "ReportError")
+      assert.strictEqual(error.path, "/nonexistent/run")
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+})
+
+describe("Report.evenly", () => {
+  it("spreads k of n indices with the first and last included", () => {
+    assert.deepStrictEqual(Report.evenly(10, 4), [0, 3, 6, 9])
+    assert.deepStrictEqual(Report.evenly(3, 50), [0, 1, 2])
+    assert.deepStrictEqual(Report.evenly(5, 1), [4])
+  })
+})
+
+describe("Report.scriptJson", () => {
+  it("leaves no character that could close the script element or start markup", () => {
+    const json = Report.scriptJson({ text: "</script><!-- & \u2028" })
+    assert.notMatch(json, /[<>&\u2028]/)
+    assert.deepStrictEqual(JSON.parse(json), { text: "</script><!-- & \u2028" })
+  })
+})

@@ -1,0 +1,163 @@
+/**
+ * The report as a person sees it: rendered by headless Chromium (Debian's /usr/bin/chromium, driven by
+ * playwright-core, offline, a fresh profile). Skips when Chromium is not installed (scripts/setup-system.sh installs it).
+ */
+import { existsSync, mkdtempSync, statSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { chromium } from "playwright-core"
+import * as Report from "../../src/metrics/Report.ts"
+import * as SyntheticRun from "./SyntheticRun.ts"
+
+const executablePath = "/usr/bin/chromium"
+const hasChromium = existsSync(executablePath)
+const skipped = hasChromium ? "" : ` (SKIPPED: ${executablePath} is absent; apt-get install chromium)`
+if (!hasChromium) console.warn(`ReportBrowser.test.ts: ${executablePath} is absent, skipping the browser check`)
+
+interface PageReport {
+  readonly ready: boolean
+  readonly errors: ReadonlyArray<string>
+  readonly charts: ReadonlyArray<{
+    readonly title: string
+    readonly series: ReadonlyArray<{ readonly key: string; readonly points: number }>
+    readonly plotted?: ReadonlyArray<number>
+    readonly width: number
+    readonly height: number
+  }>
+}
+
+/** The browser globals the checks below read (tsconfig has no DOM lib; these run in the page). */
+interface Node {
+  readonly textContent: string | null
+}
+interface Browser {
+  readonly __report?: PageReport
+  readonly document: {
+    readonly querySelector: (selector: string) => Node | null
+    readonly querySelectorAll: (selector: string) => ArrayLike<Node> & Iterable<Node>
+    readonly getElementById: (id: string) => Node | null
+  }
+  readonly getComputedStyle: (node: Node) => { readonly backgroundColor: string }
+}
+
+/** A headless Chromium page on a fresh profile, closed with the scope. */
+const browserPage = Effect.acquireRelease(
+  Effect.promise(async () => {
+    const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "effect-rl-chromium-")), {
+      executablePath,
+      headless: true,
+      args: [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync"
+      ],
+      viewport: { width: 1280, height: 900 },
+      offline: true
+    })
+    return { context, page: context.pages()[0] ?? (await context.newPage()) }
+  }),
+  ({ context }) => Effect.promise(() => context.close())
+)
+
+describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
+  it.effect(
+    "draws every chart with points, shows a chosen group's turns with tokens coloured by loss mask, logs no errors",
+    () =>
+      Effect.gen(function* () {
+        const runDir = mkdtempSync(join(tmpdir(), "effect-rl-report-browser-"))
+        yield* SyntheticRun.write(runDir, 60)
+        const { file } = yield* Report.write(runDir)
+        const { page } = yield* browserPage
+        const problems: Array<string> = []
+        page.on("console", (m) => {
+          if (m.type() === "error" || m.type() === "warning") problems.push(`console.${m.type()}: ${m.text()}`)
+        })
+        page.on("pageerror", (e) => problems.push(`page error: ${e.message}`))
+        page.on("dialog", (d) => problems.push(`dialog opened: ${d.message()}`)) // model output must never run
+        page.on("request", (r) => {
+          if (!r.url().startsWith("file:")) problems.push(`network request: ${r.url()}`)
+        })
+
+        const report = yield* Effect.promise(async () => {
+          await page.goto(`file://${file}`)
+          await page.waitForFunction(() => (globalThis as unknown as Browser).__report?.ready === true)
+          return page.evaluate(() => (globalThis as unknown as Browser).__report!)
+        })
+        assert.deepStrictEqual(report.errors, [])
+
+        // 15 fixed charts (staleness included: the run recorded async/staleness_*) + the metric explorer's
+        const titles = report.charts.map((c) => c.title)
+        assert.strictEqual(report.charts.length, 16, titles.join(", "))
+        assert.include(titles, "Staleness (policy versions behind)")
+        assert.include(titles, "Held-out success (eval avg_score, pass@n)")
+        for (const chart of report.charts) {
+          assert.isAbove(chart.width, 200, chart.title)
+          assert.isAbove(chart.height, 100, chart.title)
+          assert.isAbove(chart.series.length, 0, chart.title)
+          // uPlot holds every point: 60 per training series, 2 (steps 0 and 60) per eval series
+          const expected = chart.title.startsWith("Held-out") ? 2 : 60
+          assert.deepStrictEqual(
+            chart.plotted,
+            chart.series.map(() => expected),
+            chart.title
+          )
+        }
+        const canvases = yield* Effect.promise(() =>
+          page.$$eval("canvas", (cs) =>
+            cs.map((c) => c.getBoundingClientRect().width * c.getBoundingClientRect().height)
+          )
+        )
+        assert.strictEqual(canvases.length, 16)
+        for (const area of canvases) assert.isAbove(area, 0)
+
+        // the viewer: step 60, second group → 4 samples × 2 turns, the tool call with its result as text
+        const viewer = yield* Effect.promise(async () => {
+          await page.selectOption("#step-select", { label: "step 60 (2 groups)" })
+          await page.selectOption("#group-select", { index: 1 })
+          return page.evaluate(() => {
+            const { document, getComputedStyle } = globalThis as unknown as Browser
+            const q = (s: string) => document.querySelectorAll(s)
+            const colour = (s: string) => getComputedStyle(document.querySelector(s)!).backgroundColor
+            return {
+              meta: document.getElementById("group-meta")!.textContent,
+              trajectories: q("#trajectories .trajectory").length,
+              turns: q("#trajectories .turn").length,
+              sampled: q("#trajectories .tok.m1").length,
+              context: q("#trajectories .tok.m0").length,
+              sampledColour: colour("#trajectories .tok.m1"),
+              contextColour: colour("#trajectories .tok.m0"),
+              toolResult: q("#trajectories .tool-call pre")[1]?.textContent,
+              scriptsInViewer: q("#trajectories script, #trajectories b:not(.turn-head b)").length,
+              firstSampleText: document.querySelector("#trajectories .trajectory .body")!.textContent,
+              rewards: [...q("#trajectories .trajectory > summary .badge:first-child")].map((b) => b.textContent)
+            }
+          })
+        })
+        assert.include(viewer.meta, "toolbox-train-00119")
+        assert.include(viewer.meta, "trained in step 60")
+        assert.strictEqual(viewer.trajectories, 4)
+        assert.strictEqual(viewer.turns, 8)
+        assert.isAbove(viewer.sampled, 0)
+        assert.isAbove(viewer.context, 0)
+        assert.notStrictEqual(viewer.sampledColour, viewer.contextColour)
+        assert.strictEqual(viewer.toolResult, SyntheticRun.toolResult)
+        assert.strictEqual(viewer.scriptsInViewer, 0)
+        assert.include(viewer.firstSampleText, SyntheticRun.answer)
+        assert.deepStrictEqual(viewer.rewards, ["reward 1", "reward 1", "reward 0", "reward 0"])
+
+        const screenshot = join(runDir, "report.png")
+        yield* Effect.promise(() => page.screenshot({ path: screenshot, fullPage: true }))
+        assert.isAbove(statSync(screenshot).size, 10_000)
+        assert.deepStrictEqual(problems, [])
+      }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)),
+    120_000
+  )
+})
