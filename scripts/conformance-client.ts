@@ -23,8 +23,34 @@ const argumentsFor = (schema: Readonly<Record<string, unknown>>): Record<string,
   return Object.fromEntries(required.map((k) => [k, sample(properties[k] ?? {})]))
 }
 
+/**
+ * auth/* scenarios: OAuth with the client name and redirect URL a user would configure, a CIMD URL (used where the
+ * authorization server supports client ID metadata documents) and, for pre-registration, the client the scenario's
+ * context names (its secret passed by env reference, as a config must).
+ */
+const oauthFor = (name: string): Record<string, unknown> | undefined => {
+  if (!name.startsWith("auth/")) return undefined
+  const context = JSON.parse(process.env["MCP_CONFORMANCE_CONTEXT"] ?? "{}") as {
+    client_id?: string
+    client_secret?: string
+  }
+  if (context.client_secret !== undefined) process.env["CONFORMANCE_CLIENT_SECRET"] = context.client_secret
+  return {
+    client_name: "effect-rl-conformance",
+    client_metadata_url: "https://conformance-test.local/client-metadata.json",
+    ...(context.client_id === undefined ? {} : { client_id: context.client_id }),
+    ...(context.client_secret === undefined ? {} : { client_secret: { env: "CONFORMANCE_CLIENT_SECRET" } })
+  }
+}
+
 const program = Effect.gen(function* () {
-  const server = Schema.decodeUnknownSync(McpServerConfig)({ name: "conformance", transport: "http", url })
+  const oauth = oauthFor(scenario)
+  const server = Schema.decodeUnknownSync(McpServerConfig)({
+    name: "conformance",
+    transport: "http",
+    url,
+    ...(oauth === undefined ? {} : { oauth })
+  })
   const client = yield* McpClient.make({ servers: [server], retries: 0, elicitation: "accept_defaults" })
   const tools = yield* client.tools
   for (const tool of tools) {

@@ -1,6 +1,21 @@
 import { Schema } from "effect"
 import { NonNegative, PositiveInt, SecretRef, withDefault } from "./Field.ts"
 
+/**
+ * OAuth 2.1 for an HTTP server (MCP authorization spec): discovery, dynamic or CIMD or pre-registered client,
+ * PKCE authorization-code flow, scope step-up. Headless: nobody is there to click "allow", so the authorization
+ * endpoint must answer with a redirect carrying the code (a pre-approved client); otherwise connecting fails.
+ */
+export const McpOAuthConfig = Schema.Struct({
+  client_name: Schema.NonEmptyString.pipe(withDefault("effect-rl")),
+  redirect_url: Schema.NonEmptyString.pipe(withDefault("http://localhost:3000/callback")),
+  client_id: Schema.optionalKey(Schema.NonEmptyString), // pre-registered client; else dynamic registration or CIMD
+  client_secret: Schema.optionalKey(SecretRef), // { env: NAME }: never inline
+  client_metadata_url: Schema.optionalKey(Schema.NonEmptyString), // a CIMD URL, used as client_id where supported
+  scope: Schema.optionalKey(Schema.String)
+})
+export type McpOAuthConfig = typeof McpOAuthConfig.Type
+
 /** One MCP server: a command over stdio, or a URL over Streamable HTTP. */
 export const McpServerConfig = Schema.Struct({
   name: Schema.NonEmptyString,
@@ -11,6 +26,7 @@ export const McpServerConfig = Schema.Struct({
   cwd: Schema.optionalKey(Schema.String),
   url: Schema.optionalKey(Schema.NonEmptyString),
   headers: Schema.Record(Schema.String, Schema.String).pipe(withDefault({})),
+  oauth: Schema.optionalKey(McpOAuthConfig), // http only
   allowed_tools: Schema.optionalKey(Schema.Array(Schema.String)),
   isolation: Schema.Literals(["shared", "per_trajectory"]).pipe(withDefault("shared")),
   timeout_ms: PositiveInt.pipe(withDefault(30_000))

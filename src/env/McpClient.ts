@@ -25,8 +25,14 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
+import { type OAuthClientProvider, UnauthorizedError } from "@modelcontextprotocol/sdk/client/auth.js"
 import { Client } from "@modelcontextprotocol/sdk/client/index.js"
 import { StreamableHTTPClientTransport, StreamableHTTPError } from "@modelcontextprotocol/sdk/client/streamableHttp.js"
+import type {
+  OAuthClientInformationMixed,
+  OAuthClientMetadata,
+  OAuthTokens
+} from "@modelcontextprotocol/sdk/shared/auth.js"
 import { ReadBuffer, serializeMessage } from "@modelcontextprotocol/sdk/shared/stdio.js"
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js"
 import {
@@ -36,15 +42,15 @@ import {
   McpError,
   type Tool
 } from "@modelcontextprotocol/sdk/types.js"
-import { Context, Effect, Layer, Queue, Schedule, Schema, Scope, Semaphore } from "effect"
-import type { EnvironmentConfig, McpServerConfig } from "../config/EnvironmentConfig.ts"
+import { Config, Context, Effect, Layer, Queue, Redacted, Schedule, Schema, Scope, Semaphore } from "effect"
+import type { EnvironmentConfig, McpOAuthConfig, McpServerConfig } from "../config/EnvironmentConfig.ts"
 
 // ---- errors -----------------------------------------------------------------------------------------------------
 
 /** A server could not be started, reached, initialised or listed. */
 export class McpConnectError extends Schema.TaggedError<McpConnectError>()("McpConnectError", {
   server: Schema.String,
-  reason: Schema.Literals(["Spawn", "Unreachable", "Handshake", "ListTools"]),
+  reason: Schema.Literals(["Spawn", "Unreachable", "Handshake", "ListTools", "Unauthorized"]),
   message: Schema.String,
   cause: Schema.optional(Schema.Defect())
 }) {}
@@ -308,6 +314,106 @@ class ChildStdioTransport implements Transport {
   }
 }
 
+// ---- OAuth for HTTP servers --------------------------------------------------------------------------------------
+
+/**
+ * A headless OAuth client (the SDK runs discovery, registration, PKCE and token exchange; this keeps the state).
+ * "Redirecting the user" means requesting the authorization URL and reading the code from the redirect it answers
+ * with: that works for pre-approved clients, which is all an unattended training run can use.
+ */
+class HeadlessOAuthProvider implements OAuthClientProvider {
+  readonly redirect: string
+  readonly metadata: OAuthClientMetadata
+  clientMetadataUrl?: string
+  readonly preRegistered: OAuthClientInformationMixed | undefined
+  info: OAuthClientInformationMixed | undefined
+  saved: OAuthTokens | undefined
+  verifier: string | undefined
+  pendingCode: string | undefined
+
+  constructor(oauth: McpOAuthConfig, clientSecret: string | undefined) {
+    this.redirect = oauth.redirect_url
+    this.metadata = {
+      client_name: oauth.client_name,
+      redirect_uris: [oauth.redirect_url],
+      grant_types: ["authorization_code", "refresh_token"],
+      response_types: ["code"],
+      ...(oauth.scope === undefined ? {} : { scope: oauth.scope })
+    }
+    if (oauth.client_metadata_url !== undefined) this.clientMetadataUrl = oauth.client_metadata_url
+    this.preRegistered =
+      oauth.client_id === undefined
+        ? undefined
+        : { client_id: oauth.client_id, ...(clientSecret === undefined ? {} : { client_secret: clientSecret }) }
+    this.info = this.preRegistered
+  }
+  get redirectUrl(): string {
+    return this.redirect
+  }
+  get clientMetadata(): OAuthClientMetadata {
+    return this.metadata
+  }
+  clientInformation() {
+    return this.info
+  }
+  saveClientInformation(info: OAuthClientInformationMixed) {
+    this.info = info
+  }
+  tokens() {
+    return this.saved
+  }
+  saveTokens(tokens: OAuthTokens) {
+    this.saved = tokens
+  }
+  saveCodeVerifier(verifier: string) {
+    this.verifier = verifier
+  }
+  codeVerifier(): string {
+    if (this.verifier === undefined) throw new Error("no PKCE code verifier saved")
+    return this.verifier
+  }
+  async redirectToAuthorization(url: URL): Promise<void> {
+    const response = await fetch(url, { redirect: "manual" })
+    const location = response.headers.get("location")
+    const code = location === null ? null : new URL(location, url).searchParams.get("code")
+    if (code === null) {
+      throw new Error(`authorization at ${redactUrl(url.toString())} wants a user (no redirect with a code)`)
+    }
+    this.pendingCode = code
+  }
+  invalidateCredentials(scope: "all" | "client" | "tokens" | "verifier" | "discovery") {
+    if (scope === "all" || scope === "tokens") this.saved = undefined
+    if (scope === "all" || scope === "client") this.info = this.preRegistered
+    if (scope === "all" || scope === "verifier") this.verifier = undefined
+  }
+  /** The code the last authorization redirect carried, once. */
+  takeCode(): string | undefined {
+    const code = this.pendingCode
+    this.pendingCode = undefined
+    return code
+  }
+}
+
+const makeOAuthProvider = (config: McpServerConfig, oauth: McpOAuthConfig) =>
+  Effect.gen(function* () {
+    const secret =
+      oauth.client_secret === undefined
+        ? undefined
+        : Redacted.value(
+            yield* Config.Redacted(oauth.client_secret.env).pipe(
+              Effect.mapError(
+                () =>
+                  new McpConnectError({
+                    server: config.name,
+                    reason: "Unauthorized",
+                    message: `MCP server ${config.name}: oauth.client_secret names env ${oauth.client_secret?.env}, which is not set`
+                  })
+              )
+            )
+          )
+    return new HeadlessOAuthProvider(oauth, secret)
+  })
+
 // ---- one connection to one server -------------------------------------------------------------------------------
 
 interface Live {
@@ -435,13 +541,16 @@ const makeConnection = Effect.fnUntraced(function* (
       await l.client.close().catch(() => undefined)
     })
 
-  const open: Effect.Effect<Live, McpConnectError> = Effect.gen(function* () {
-    counters.connects++
+  // made on first connect (its secret is read then) and kept across reconnects: tokens outlive a session
+  let oauth: HeadlessOAuthProvider | undefined
+
+  const newLive = (): Live => {
     const transport: Transport =
       config.transport === "stdio"
         ? new ChildStdioTransport(config, onStderr)
         : new StreamableHTTPClientTransport(new URL(config.url ?? ""), {
-            requestInit: { headers: { ...config.headers } }
+            requestInit: { headers: { ...config.headers } },
+            ...(oauth === undefined ? {} : { authProvider: oauth })
           })
     const client = new Client(
       clientInfo,
@@ -456,30 +565,78 @@ const makeConnection = Effect.fnUntraced(function* (
     client.onclose = () => {
       next.closed = true
     }
-    yield* Effect.tryPromise({
-      try: () => client.connect(transport, { timeout: connectTimeoutMs }),
-      catch: (cause) =>
-        connectError(
-          (cause as { code?: string }).code === "ENOENT" || (cause as { code?: string }).code === "EACCES"
-            ? "Spawn"
-            : isRefused(cause) || cause instanceof TypeError
-              ? "Unreachable"
-              : "Handshake",
-          cause
-        )
-    }).pipe(Effect.onError(() => closeLive(next)))
+    return next
+  }
+
+  const connectReason = (cause: unknown): McpConnectError["reason"] =>
+    (cause as { code?: string }).code === "ENOENT" || (cause as { code?: string }).code === "EACCES"
+      ? "Spawn"
+      : cause instanceof UnauthorizedError
+        ? "Unauthorized"
+        : isRefused(cause) || cause instanceof TypeError
+          ? "Unreachable"
+          : "Handshake"
+
+  const open: Effect.Effect<Live, McpConnectError> = Effect.gen(function* () {
+    counters.connects++
+    if (oauth === undefined && config.transport === "http" && config.oauth !== undefined) {
+      oauth = yield* makeOAuthProvider(config, config.oauth)
+    }
+    let next = newLive()
+    // OAuth: a 401 sends the SDK through discovery and registration to the authorization URL; its redirect gives a
+    // code, exchanged for tokens (finishAuth); then connect again with a fresh transport. A few rounds at most.
+    for (let round = 0; ; round++) {
+      const current = next
+      const attempt = yield* Effect.result(
+        Effect.tryPromise({
+          try: () => current.client.connect(current.transport, { timeout: connectTimeoutMs }),
+          catch: (cause) => cause
+        })
+      )
+      if (attempt._tag === "Success") break
+      const code = oauth?.takeCode()
+      if (attempt.failure instanceof UnauthorizedError && code !== undefined && round < 3) {
+        yield* Effect.tryPromise({
+          try: () => (current.transport as StreamableHTTPClientTransport).finishAuth(code),
+          catch: (cause) => connectError("Unauthorized", cause)
+        }).pipe(Effect.onError(() => closeLive(current)))
+        yield* closeLive(current)
+        next = newLive()
+        continue
+      }
+      yield* closeLive(current)
+      return yield* connectError(connectReason(attempt.failure), attempt.failure)
+    }
+    const connected = next
+    const listPage = (cursor: string | undefined) =>
+      Effect.tryPromise({
+        try: () => connected.client.listTools(cursor === undefined ? {} : { cursor }, { timeout: connectTimeoutMs }),
+        catch: (cause) => cause
+      })
     const listed: Array<Tool> = []
     let cursor: string | undefined
-    do {
-      const page = yield* Effect.tryPromise({
-        try: () => client.listTools(cursor === undefined ? {} : { cursor }, { timeout: connectTimeoutMs }),
-        catch: (cause) => connectError("ListTools", cause)
-      }).pipe(Effect.onError(() => closeLive(next)))
-      listed.push(...page.tools)
-      cursor = page.nextCursor
-    } while (cursor !== undefined)
+    for (let round = 0; ; ) {
+      const page = yield* Effect.result(listPage(cursor))
+      if (page._tag === "Success") {
+        listed.push(...page.success.tools)
+        cursor = page.success.nextCursor
+        if (cursor === undefined) break
+        continue
+      }
+      // a server may let `initialize` through and ask for a token on tools/list: authorize, then list again
+      const code = oauth?.takeCode()
+      if (page.failure instanceof UnauthorizedError && code !== undefined && round++ < 3) {
+        yield* Effect.tryPromise({
+          try: () => (connected.transport as StreamableHTTPClientTransport).finishAuth(code),
+          catch: (cause) => connectError("Unauthorized", cause)
+        }).pipe(Effect.onError(() => closeLive(connected)))
+        continue
+      }
+      yield* closeLive(connected)
+      return yield* connectError(page.failure instanceof UnauthorizedError ? "Unauthorized" : "ListTools", page.failure)
+    }
     tools = listed
-    return next
+    return connected
   })
 
   const restart: Effect.Effect<Live, McpConnectError> = lock.withPermits(1)(
@@ -562,6 +719,23 @@ const makeConnection = Effect.fnUntraced(function* (
     return failed(tool, reason, message, !notDelivered)
   }
 
+  /**
+   * A call refused for its token (401 after expiry, 403 insufficient_scope step-up): the SDK already ran the
+   * authorization again; exchange the new code, then the call is sent again (it was refused, so it never ran).
+   */
+  const reauthorize = async (conn: Live, tool: string, cause: UnauthorizedError): Promise<Outcome> => {
+    const code = oauth?.takeCode()
+    if (code === undefined || !(conn.transport instanceof StreamableHTTPClientTransport)) {
+      return failed(tool, "ServerError", `unauthorized: ${describeCause(cause)}`, true)
+    }
+    try {
+      await conn.transport.finishAuth(code)
+      return failed(tool, "Disconnected", "re-authorized; sending again", false)
+    } catch (error) {
+      return failed(tool, "ServerError", `re-authorization failed: ${describeCause(error)}`, true)
+    }
+  }
+
   // The hot path is plain promise code settled into an Outcome, then one Effect step: per-call Effect overhead is
   // what the mcp-latency bench measures against the bare SDK.
   const invoke = (conn: Live, tool: string, args: Readonly<Record<string, unknown>>) =>
@@ -571,7 +745,8 @@ const makeConnection = Effect.fnUntraced(function* (
           .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
           .then(
             (result) => settle(tool, result),
-            (cause: unknown) => rejected(conn, tool, cause)
+            (cause: unknown) =>
+              cause instanceof UnauthorizedError ? reauthorize(conn, tool, cause) : rejected(conn, tool, cause)
           )
       ),
       (o): Effect.Effect<ToolResult, CallFailure> => (o.ok ? Effect.succeed(o.value) : Effect.fail(o.failure))
