@@ -12,6 +12,11 @@ import * as Db from "../../../src/env/tau/Db.ts"
 import * as TauEnv from "../../../src/env/tau/TauEnv.ts"
 import * as UserLlm from "../../../src/env/tau/UserLlm.ts"
 import type * as UserSimulator from "../../../src/env/tau/UserSimulator.ts"
+import * as UserSim from "../../../src/env/tau/UserSimulator.ts"
+import * as AgentLoop from "../../../src/generator/AgentLoop.ts"
+import * as ByteTokenizer from "../../../src/tokenizer/ByteTokenizer.ts"
+import * as Tokenizer from "../../../src/tokenizer/Tokenizer.ts"
+import * as ScriptedEngine from "../../fixtures/ScriptedEngine.ts"
 
 const dataDir = path.resolve("../shared/tau-bench")
 
@@ -310,5 +315,66 @@ describe("TauEnv with an LLM user", () => {
         assert.strictEqual(miss._tag === "EnvError" ? miss.reason : miss._tag, "ReplayMiss")
       })
     ).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
+  )
+})
+
+// ---------------------------------------------------------------------------------------------------------------
+// Driven by the generator, as in training: the env's observations go through the chat template.
+
+describe("TauEnv under AgentLoop", () => {
+  it.effect(
+    "a policy that makes the ground-truth calls and says the outputs: reward 1 on the last turn, env_done",
+    () =>
+      Effect.gen(function* () {
+        const row = yield* rowOf("retail", "test", 40).pipe(Effect.provide(NodeServices.layer))
+        const script = [...groundTruth(row), "Your gift card balance is $60; you paid with your mastercard."]
+        const tokenizer = ByteTokenizer.make()
+        const services = Layer.mergeAll(
+          ScriptedEngine.layer(tokenizer, (_, call) => script[call] ?? "nothing more"),
+          Tokenizer.layerImpl(tokenizer),
+          scriptedLayer(options())
+        )
+        const t = yield* AgentLoop.run(row, 0, {
+          maxTurns: 10,
+          maxGenerateLength: 512,
+          maxInputLength: 200_000,
+          temperature: 1,
+          topP: 1,
+          topK: 0,
+          stopStrings: [],
+          seed: 0
+        }).pipe(Effect.provide(services))
+        assert.strictEqual(t.error, undefined)
+        assert.strictEqual(t.stopReason, "env_done")
+        assert.strictEqual(t.turns.length, 5)
+        assert.deepStrictEqual(
+          t.turns.map((turn) => turn.reward),
+          [0, 0, 0, 0, 1]
+        )
+        assert.strictEqual(t.reward, 1)
+        assert.deepStrictEqual(
+          t.turns[0]!.toolCalls.map((c) => [c.tool, c.result]),
+          [["find_user_id_by_email", "isabella_lopez_6490"]]
+        )
+        // the tool result reached the policy's context as template tokens with loss mask 0
+        const between = t.responseIds.slice(t.turns[0]!.end, t.turns[1]!.start)
+        assert.include(tokenizer.decode(between), "isabella_lopez_6490")
+        assert.isTrue(t.lossMask.slice(t.turns[0]!.end, t.turns[1]!.start).every((m) => m === 0))
+      })
+  )
+})
+
+describe("UserSimulator.parseReact (upstream's parse, bug kept)", () => {
+  it.effect("###STOP### anywhere wins; otherwise the text after Thought: is returned, thought and all", () =>
+    Effect.gen(function* () {
+      assert.strictEqual(yield* UserSimulator.parseReact("Thought:\ndone\n\nUser Response:\n###STOP###"), "###STOP###")
+      assert.strictEqual(
+        yield* UserSimulator.parseReact("Thought:\nI should ask.\n\nUser Response:\nWhere is my order?"),
+        "I should ask.\n\nUser Response:\nWhere is my order?"
+      )
+      assert.strictEqual(yield* UserSimulator.parseReact("User Response: hello"), "hello")
+      const bad = yield* Effect.flip(UserSimulator.parseReact("just text"))
+      assert.strictEqual(bad.reason, "BadResponse")
+    })
   )
 })
