@@ -13,6 +13,7 @@ import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as Report from "../metrics/Report.ts"
 import * as AsyncPipeline from "../pipeline/AsyncPipeline.ts"
 import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
 import * as RunFlags from "./RunFlags.ts"
@@ -84,6 +85,13 @@ export const command = Command.make(
         })
       )
     )
+    if (config.logging.report) {
+      // the run is done and saved: a report that cannot be built is a warning, never a failed run
+      yield* Report.write(runDir).pipe(
+        Effect.tap((r) => Effect.logInfo(`report ${r.file} (${Math.round(r.bytes / 1024)} KiB)`)),
+        Effect.catchCause((cause) => Effect.logWarning("report not written", cause))
+      )
+    }
     yield* Console.log(JSON.stringify(summary))
   })
 ).pipe(Command.withDescription("Train a policy with GRPO/PPO on a run config"))

@@ -16,7 +16,7 @@
  * `<script type="application/json">` with `<`, `>`, `&` escaped, and the page's script writes it with `textContent`.
  */
 import { createRequire } from "node:module"
-import { Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
+import { Clock, Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
@@ -375,50 +375,49 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   const tokenizer = loaded?.tokenizer
   const specialIds = new Set(tokenizer?.addedTokens.map((t) => t.id) ?? [])
 
-  // the step each recorded group was trained in (consumed.jsonl); groups never trained are counted, not shown
+  // the step each recorded group was trained in: consumed.jsonl, or without it (an older run) the file order
   const consumed = yield* ConsumedLog.read(runDir)
   const stepOf = new Map(consumed.map((c) => [groupKey(c.uid, c.cursor), c.step] as const))
   const batchSize = config?.trainer.train_batch_size ?? 1
-  const steps = [...new Set(consumed.map((c) => c.step))].sort((a, b) => a - b)
+  const steps = consumed.length > 0 ? [...new Set(consumed.map((c) => c.step))].sort((a, b) => a - b) : train.steps
   const candidates = new Set(evenly(steps.length, maxSteps).map((i) => steps[i]!))
 
-  const episodesFile = path.join(runDir, EpisodeLog.fileName)
-  const kept = new Map<string, { step: number; group: TrajectoryGroup }>()
-  const tokensByStep = new Map<number, number>()
-  let trajectories = 0
-  let generatedTokens = 0
+  // one pass over the episode log: every trained group is counted, only the candidate steps' groups are kept.
+  // A resumed run records a lost step's groups again: the later line (same uid and cursor) is the one trained on.
+  const counted = new Map<string, { readonly step: number; readonly trajectories: number; readonly tokens: number }>()
+  const kept = new Map<string, { readonly step: number; readonly group: TrajectoryGroup }>()
   let recorded = 0
+  const episodesFile = path.join(runDir, EpisodeLog.fileName)
   if (yield* fs.exists(episodesFile).pipe(Effect.orElseSucceed(() => false))) {
     yield* EpisodeLog.read(episodesFile).pipe(
       Stream.runForEach((group) =>
         Effect.sync(() => {
-          // without consumed.jsonl (an older run), groups are assigned to steps in file order
-          const step =
-            consumed.length > 0
-              ? stepOf.get(groupKey(group.promptUid, group.cursor))
-              : Math.floor(recorded / batchSize) + 1
+          const key = groupKey(group.promptUid, group.cursor)
+          const step = consumed.length > 0 ? stepOf.get(key) : Math.floor(recorded / batchSize) + 1
           recorded += 1
-          if (step === undefined) return
-          if (consumed.length === 0 && !steps.includes(step)) steps.push(step)
-          // a resumed run records a lost step's groups again: the later line is the one trained on
-          kept.set(groupKey(group.promptUid, group.cursor), { step, group })
+          if (step === undefined) return // recorded, never trained on
+          const tokens = group.trajectories.reduce((n, t) => n + t.lossMask.reduce<number>((m, x) => m + x, 0), 0)
+          counted.set(key, { step, trajectories: group.trajectories.length, tokens })
+          if (candidates.has(step)) kept.set(key, { step, group })
+          else kept.delete(key)
         })
       ),
       Effect.mapError((e) => new ReportError({ path: e.file, message: e.message }))
     )
   }
-  for (const { group } of kept.values()) {
-    trajectories += group.trajectories.length
-    for (const t of group.trajectories) for (const m of t.lossMask) generatedTokens += m
+  const byStepCounts = new Map<number, { groups: number; trajectories: number; tokens: number }>()
+  for (const c of counted.values()) {
+    const n = byStepCounts.get(c.step) ?? { groups: 0, trajectories: 0, tokens: 0 }
+    n.groups += 1
+    n.trajectories += c.trajectories
+    n.tokens += c.tokens
+    byStepCounts.set(c.step, n)
   }
-  if (consumed.length === 0) for (const i of evenly(steps.length, maxSteps)) candidates.add(steps[i]!)
 
   // the groups shown: per step the first `maxGroupsPerStep` by cursor; then fewer steps while over the token budget
   const byStep = new Map<number, Array<TrajectoryGroup>>()
-  for (const { step, group } of kept.values()) {
-    if (!candidates.has(step)) continue
-    byStep.set(step, [...(byStep.get(step) ?? []), group])
-  }
+  for (const { step, group } of kept.values()) byStep.set(step, [...(byStep.get(step) ?? []), group])
+  const tokensByStep = new Map<number, number>()
   for (const [step, groups] of byStep) {
     const shown = groups.sort((a, b) => a.cursor - b.cursor).slice(0, maxGroupsPerStep)
     byStep.set(step, shown)
@@ -434,16 +433,15 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
     shownSteps = fewer.length < shownSteps.length ? fewer : shownSteps.slice(0, -1)
   }
 
-  const groupsPerStep = new Map<number, number>()
-  for (const { step } of kept.values()) groupsPerStep.set(step, (groupsPerStep.get(step) ?? 0) + 1)
-  const trainedSteps = groupsPerStep.size > 0 ? groupsPerStep.size : steps.length
-  const cutGroups = shownSteps.some((s) => (groupsPerStep.get(s) ?? 0) > maxGroupsPerStep)
+  const trainedSteps = byStepCounts.size
+  const cutGroups = shownSteps.some((s) => (byStepCounts.get(s)?.groups ?? 0) > maxGroupsPerStep)
   const notes = [
     `Episodes of ${shownSteps.length} of ${trainedSteps} trained steps${shownSteps.length < trainedSteps ? " (sampled evenly)" : ""}`,
     cutGroups ? `at most ${maxGroupsPerStep} groups per step (lowest dataset cursor first)` : "all groups of each",
     `prompts and responses cut at ${maxTokens} tokens`
   ]
-  if (recorded > kept.size) notes.push(`${recorded - kept.size} recorded groups were never trained on or re-recorded`)
+  if (recorded > counted.size)
+    notes.push(`${recorded - counted.size} recorded groups were never trained on or re-recorded`)
   if (tokenizer === undefined) notes.push("no tokenizer could be loaded: tokens are shown as ids")
 
   const viewGroup = (g: TrajectoryGroup): ViewGroup => ({
@@ -461,12 +459,12 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   const mode = config?.pipeline.mode
   const data: Data = {
     runDir: path.resolve(runDir),
-    generatedAt: new Date().toISOString(),
+    generatedAt: new Date(yield* Clock.currentTimeMillis).toISOString(),
     summary: {
       steps: train.steps.length === 0 ? 0 : train.steps[train.steps.length - 1]!,
       seconds: Math.round(wallSeconds(records) * 10) / 10,
-      trajectories,
-      generatedTokens,
+      trajectories: [...byStepCounts.values()].reduce((n, c) => n + c.trajectories, 0),
+      generatedTokens: [...byStepCounts.values()].reduce((n, c) => n + c.tokens, 0),
       ...(firstReward === undefined || firstReward === null ? {} : { firstReward }),
       ...(lastReward === undefined || lastReward === null ? {} : { lastReward }),
       ...(evalCols.steps.length === 0 ? {} : { evalBefore: evalScore(evalCols, 0) }),
@@ -474,7 +472,7 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
       tokenizer: loaded === undefined ? "none (ids shown)" : `${loaded.tokenizer.kind} (${loaded.from})`,
       ...(mode === undefined ? {} : { mode })
     },
-    train: withThroughput(train, kept),
+    train: withThroughput(train, byStepCounts),
     eval: evalCols,
     episodes: {
       note: `${notes.join("; ")}.`,
@@ -489,19 +487,12 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
  * Throughput per step, added as `throughput/*` columns:
  *   trajectories_per_s = trajectories trained in the step / timing/step
  *   tokens_per_s       = sampled tokens (loss mask 1) in the step / timing/generate (timing/step when absent)
- * counted from the episode log; without it, from `generate/avg_num_tokens` × trajectories.
+ * counted from the episode log (no throughput columns without one).
  */
 const withThroughput = (
   train: Columns,
-  kept: ReadonlyMap<string, { step: number; group: TrajectoryGroup }>
+  counts: ReadonlyMap<number, { readonly trajectories: number; readonly tokens: number }>
 ): Columns => {
-  const counts = new Map<number, { trajectories: number; tokens: number }>()
-  for (const { step, group } of kept.values()) {
-    const c = counts.get(step) ?? { trajectories: 0, tokens: 0 }
-    c.trajectories += group.trajectories.length
-    for (const t of group.trajectories) for (const m of t.lossMask) c.tokens += m
-    counts.set(step, c)
-  }
   const stepSeconds = train.series["timing/step"]
   const generateSeconds = train.series["timing/generate"] ?? stepSeconds
   if (stepSeconds === undefined || counts.size === 0) return train

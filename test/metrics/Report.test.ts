@@ -5,7 +5,9 @@ import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
+import * as Metrics from "../../src/metrics/Metrics.ts"
 import * as Report from "../../src/metrics/Report.ts"
+import * as EpisodeLog from "../../src/store/EpisodeLog.ts"
 import * as SyntheticRun from "./SyntheticRun.ts"
 
 const steps = 60
@@ -119,6 +121,37 @@ describe("Report.write", () => {
       assert.isNull(data.episodes.steps[0]!.groups[0]!.prompt.text)
       rmSync(runDir, { recursive: true, force: true })
     }).pipe(Effect.provide(NodeServices.layer))
+  )
+
+  it.effect(
+    "after a resume, shows what was trained: the later line of a re-recorded group and of a step's metrics",
+    () =>
+      Effect.gen(function* () {
+        const runDir = mkdtempSync(join(tmpdir(), "effect-rl-report-"))
+        yield* SyntheticRun.write(runDir, 4)
+        // a resumed process re-records step 4's first group (now rewarded 0.25) and one group it never trains on
+        yield* Effect.gen(function* () {
+          const log = yield* EpisodeLog.make(runDir)
+          const again = SyntheticRun.group(4, 0, 4)
+          yield* log.append({ ...again, trajectories: again.trajectories.map((t) => ({ ...t, reward: 0.25 })) })
+          yield* log.append({ ...SyntheticRun.group(51, 0, 4), cursor: 100 })
+          const metrics = yield* Metrics.make(runDir, { progress: false })
+          yield* metrics.record("train", 4, { "reward/avg_raw_reward": 0.9 })
+        }).pipe(Effect.scoped)
+        const data = yield* Report.collect(runDir)
+        assert.strictEqual(data.train.series["reward/avg_raw_reward"]?.[3], 0.9)
+        assert.strictEqual(data.summary.trajectories, 4 * 8) // not 40: duplicates and the untrained group left out
+        const step4 = data.episodes.steps.find((s) => s.step === 4)!
+        assert.deepStrictEqual(
+          step4.groups.map((g) => g.trajectories.map((t) => t.reward)),
+          [
+            [0.25, 0.25, 0.25, 0.25],
+            [1, 1, 0, 0]
+          ]
+        )
+        assert.include(data.episodes.note, "2 recorded groups were never trained on or re-recorded")
+        rmSync(runDir, { recursive: true, force: true })
+      }).pipe(Effect.provide(NodeServices.layer))
   )
 
   it.effect("fails with ReportError naming a run directory that does not exist", () =>
