@@ -48,6 +48,7 @@ const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
   topK: c.generator.sampling.top_k,
   stopStrings: c.generator.sampling.stop,
   seed: c.generator.seed,
+  stepWise: c.generator.step_wise,
   samplesPerPrompt: c.generator.n_samples_per_prompt,
   maxConcurrentGroups: c.generator.max_concurrent_groups,
   unordered: c.pipeline.mode === "async"

@@ -33,6 +33,18 @@ export const Turn = Schema.Struct({
 })
 export type Turn = typeof Turn.Type
 
+/**
+ * One training row of a step-wise trajectory: the full context the policy saw at that turn (the chat template
+ * re-rendered over the whole history) and what it generated. Used when a template does not simply extend the
+ * history (e.g. it strips earlier thinking), so the turns cannot share one token sequence.
+ */
+export const Step = Schema.Struct({
+  promptIds: Schema.Array(Schema.Int),
+  responseIds: Schema.Array(Schema.Int),
+  rolloutLogprobs: Schema.Array(Schema.Finite)
+})
+export type Step = typeof Step.Type
+
 export const Trajectory = Schema.Struct({
   id: Schema.String,
   promptUid: Schema.String,
@@ -45,7 +57,9 @@ export const Trajectory = Schema.Struct({
   reward: Schema.Finite, // sum of the turns' rewards
   stopReason: StopReason,
   error: Schema.optionalKey(Schema.String),
-  envMetrics: Schema.Record(Schema.String, Schema.Finite)
+  envMetrics: Schema.Record(Schema.String, Schema.Finite),
+  // step-wise mode: one training row per turn (then responseIds holds only the generated tokens, all lossMask 1)
+  steps: Schema.optionalKey(Schema.Array(Step))
 })
 export type Trajectory = typeof Trajectory.Type
 

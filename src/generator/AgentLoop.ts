@@ -11,12 +11,17 @@
  *
  * Each turn's reward sits on its last generated token. Each turn records the policy versions that produced its first
  * and last token (weights may be swapped mid-turn by an async trainer).
+ *
+ * Step-wise mode (`stepWise`), for chat templates whose rendering of a conversation is not an extension of its
+ * rendering one turn earlier (Qwen3 strips earlier `<think>` blocks): every turn re-renders the whole history as its
+ * prompt, and each turn becomes its own training row (`Trajectory.steps`); the trajectory's advantage is copied to
+ * every row. `responseIds` then holds only the generated tokens.
  */
 import { Clock, Effect, Schedule, Schema } from "effect"
 import type { InferenceError } from "../domain/Errors.ts"
 import type { Message } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
-import type { StopReason, Trajectory, Turn } from "../domain/Trajectory.ts"
+import type { Step, StopReason, Trajectory, Turn } from "../domain/Trajectory.ts"
 import type { EnvError, FunctionTool } from "../env/Env.ts"
 import { EnvRegistry } from "../env/EnvRegistry.ts"
 import { InferenceEngine, type SamplingParams } from "../inference/InferenceEngine.ts"
@@ -38,6 +43,8 @@ export interface Options {
   readonly stopStrings: ReadonlyArray<string>
   /** base seed; each request's seed is derived from it, the prompt uid, the sample index and the turn */
   readonly seed: number
+  /** one training row per turn, each turn's context re-rendered from the whole history */
+  readonly stepWise?: boolean
 }
 
 /** FNV-1a over a string, mixed with numbers: a deterministic per-request seed. */
@@ -66,6 +73,9 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
   const lossMask: Array<0 | 1> = []
   const rolloutLogprobs: Array<number> = []
   const turns: Array<Turn> = []
+  const steps: Array<Step> = []
+  const stepWise = options.stepWise === true
+  let stepContext: Array<number> = []
   let stopReason: StopReason = "max_turns"
   let error: string | undefined
   let envMetrics: Record<string, number> = {}
@@ -80,7 +90,9 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
       promptIds.push(...(yield* tokenizer.applyChatTemplateIds(history, templateOptions)))
 
       for (let turn = 0; turn < options.maxTurns; turn++) {
-        const context = promptIds.length + responseIds.length
+        if (stepWise)
+          stepContext = turn === 0 ? [...promptIds] : yield* tokenizer.applyChatTemplateIds(history, templateOptions)
+        const context = stepWise ? stepContext.length : promptIds.length + responseIds.length
         const room = options.maxInputLength - context
         if (room <= 0) return yield* new OverlongError({ length: context, maxInputLength: options.maxInputLength })
         const sampling: SamplingParams = {
@@ -94,7 +106,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         }
         const llmStart = yield* Clock.currentTimeMillis
         const [result] = yield* engine
-          .generate([{ promptIds: [...promptIds, ...responseIds], sampling }])
+          .generate([{ promptIds: stepWise ? stepContext : [...promptIds, ...responseIds], sampling }])
           .pipe(Effect.retry({ schedule: inferenceRetry, while: (e: InferenceError) => e.isRetryable }))
         const llmMs = (yield* Clock.currentTimeMillis) - llmStart
         const start = responseIds.length
@@ -102,6 +114,8 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         rolloutLogprobs.push(...result!.logprobs)
         for (let i = 0; i < result!.tokens.length; i++) lossMask.push(1)
         const end = responseIds.length
+        if (stepWise)
+          steps.push({ promptIds: stepContext, responseIds: result!.tokens, rolloutLogprobs: result!.logprobs })
         const text = tokenizer.decode(result!.tokens, { skipSpecialTokens: true })
         const turnBase = {
           start,
@@ -119,7 +133,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         ) {
           // cut by the context limit, not by max_generate_length: the context is full
           turns.push({ ...turnBase, reward: 0, toolCalls: [], observationTokens: 0, envMs: 0 })
-          return yield* new OverlongError({ length: promptIds.length + end, maxInputLength: options.maxInputLength })
+          return yield* new OverlongError({ length: context + (end - start), maxInputLength: options.maxInputLength })
         }
         if (result!.finishReason === "length") {
           turns.push({ ...turnBase, reward: 0, toolCalls: [], observationTokens: 0, envMs: 0 })
@@ -132,7 +146,8 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         const envMs = (yield* Clock.currentTimeMillis) - envStart
         history.push({ role: "assistant", content: text })
         let observationTokens = 0
-        if (!step.done && turn + 1 < options.maxTurns && step.observations.length > 0) {
+        if (stepWise && !step.done) history.push(...step.observations)
+        if (!stepWise && !step.done && turn + 1 < options.maxTurns && step.observations.length > 0) {
           const next = yield* tokenizer.continuation(history, step.observations, templateOptions, {
             onHistoryRewrite: "alignByEndOfTurn"
           })
@@ -190,7 +205,8 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
     reward: turns.reduce((sum, t) => sum + t.reward, 0),
     stopReason,
     ...(error === undefined ? {} : { error }),
-    envMetrics
+    envMetrics,
+    ...(stepWise ? { steps } : {})
   }
   return trajectory
 })

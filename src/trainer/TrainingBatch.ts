@@ -85,7 +85,46 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
   })
   if (o.advantageBatchNormalize && rows.length > 0)
     advantages = Advantages.advantageBatchNormalize(advantages, responseMask)
-  const length = Math.max(1, ...rows.map(({ t }) => t.promptIds.length + t.responseIds.length))
+  // Training rows: one per trajectory, or one per turn for step-wise trajectories (the trajectory's advantage, taken
+  // at its last loss token, copied to every turn: SkyRL's step-wise training).
+  interface Row {
+    readonly prompt: ReadonlyArray<number>
+    readonly response: ReadonlyArray<number>
+    readonly mask: ReadonlyArray<number> // response-aligned
+    readonly advantage: ReadonlyArray<number> // response-aligned
+    readonly logp: ReadonlyArray<number> // response-aligned
+    readonly reward: number
+    readonly uid: string
+  }
+  const trainingRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {
+    const reward = rewardOf(t, o)
+    if (t.steps === undefined) {
+      return [
+        {
+          prompt: t.promptIds,
+          response: t.responseIds,
+          mask: responseMask[b]!,
+          advantage: advantages[b]!,
+          logp: t.rolloutLogprobs,
+          reward,
+          uid
+        }
+      ]
+    }
+    const last = responseMask[b]!.lastIndexOf(1)
+    const scalar = last < 0 ? 0 : advantages[b]![last]!
+    const on = last < 0 ? 0 : 1
+    return t.steps.map((step) => ({
+      prompt: step.promptIds,
+      response: step.responseIds,
+      mask: step.responseIds.map(() => on),
+      advantage: step.responseIds.map(() => scalar),
+      logp: step.rolloutLogprobs,
+      reward,
+      uid
+    }))
+  })
+  const length = Math.max(1, ...trainingRows.map((r) => r.prompt.length + r.response.length))
   const pad = () => new Array<number>(length).fill(0)
   const batch: Batch = {
     ids: [],
@@ -93,35 +132,36 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     lossMask: [],
     advantages: [],
     rolloutLogProbs: [],
-    rewards: rows.map(({ t }) => rewardOf(t, o)),
-    promptUids: rows.map(({ uid }) => uid),
+    rewards: trainingRows.map((r) => r.reward),
+    promptUids: trainingRows.map((r) => r.uid),
     length,
     droppedGroups: groups.length - kept.length
   }
-  rows.forEach(({ t }, b) => {
-    const P = t.promptIds.length
+  for (const row of trainingRows) {
+    const P = row.prompt.length
     const ids = pad()
     const attention = pad()
     const mask = pad()
     const adv = pad()
     const logp = pad()
-    t.promptIds.forEach((id, i) => {
+    for (const [i, id] of row.prompt.entries()) {
       ids[i] = id
       attention[i] = 1
-    })
-    t.responseIds.forEach((id, i) => {
+    }
+    for (const [i, id] of row.response.entries()) {
+      const m = row.mask[i] ?? 0
       ids[P + i] = id
       attention[P + i] = 1
-      mask[P + i] = responseMask[b]![i]!
-      adv[P + i] = mask[P + i]! === 0 ? 0 : advantages[b]![i]!
-      logp[P + i] = mask[P + i]! === 0 ? 0 : t.rolloutLogprobs[i]!
-    })
+      mask[P + i] = m
+      adv[P + i] = m === 0 ? 0 : row.advantage[i]!
+      logp[P + i] = m === 0 ? 0 : row.logp[i]!
+    }
     batch.ids.push(ids)
     batch.attentionMask.push(attention)
     batch.lossMask.push(mask)
     batch.advantages.push(adv)
     batch.rolloutLogProbs.push(logp)
-  })
+  }
   return batch
 }
 

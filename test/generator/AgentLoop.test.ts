@@ -123,6 +123,38 @@ describe("AgentLoop.run", () => {
   )
 })
 
+describe("AgentLoop.run in step-wise mode", () => {
+  it.effect("makes one training row per turn whose prompt is the whole history re-rendered", () =>
+    Effect.gen(function* () {
+      const t = yield* AgentLoop.run(row, 0, { ...options, stepWise: true })
+      assert.strictEqual(t.stopReason, "stop")
+      const steps = t.steps ?? []
+      assert.strictEqual(steps.length, 3)
+      // turn 2's context = the template over [system, user, assistant "step", tool "left: 2", assistant "step", tool "left: 1"]
+      const history = [
+        { role: "system" as const, content: "Count down." },
+        ...row.prompt,
+        { role: "assistant" as const, content: "step" },
+        { role: "tool" as const, content: "left: 2" },
+        { role: "assistant" as const, content: "step" },
+        { role: "tool" as const, content: "left: 1" }
+      ]
+      assert.deepStrictEqual(
+        steps[2]!.promptIds,
+        tokenizer.applyChatTemplateIds(history, { addGenerationPrompt: true })
+      )
+      assert.deepStrictEqual(steps[2]!.responseIds, [...tokenizer.encode("DONE"), tokenizer.eosIds[0]!])
+      assert.deepStrictEqual(steps[0]!.promptIds, t.promptIds)
+      // responseIds holds only generated tokens, all trained on
+      assert.strictEqual(
+        t.responseIds.length,
+        steps.reduce((n, s) => n + s.responseIds.length, 0)
+      )
+      assert.isTrue(t.lossMask.every((m) => m === 1))
+    }).pipe(Effect.provide(services((_, call) => (call < 2 ? "step" : "DONE"))))
+  )
+})
+
 describe("Generator.rollouts", () => {
   it.effect("emits one group of n trajectories per prompt, in prompt order", () =>
     Effect.gen(function* () {

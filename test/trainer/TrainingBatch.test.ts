@@ -103,4 +103,28 @@ describe("TrainingBatch.build", () => {
     assert.closeTo(batch.advantages[0]![2]!, -0.75, 1e-9)
     assert.closeTo(batch.advantages[1]![2]!, 0.75, 1e-9)
   })
+
+  it("expands a step-wise trajectory into one row per turn carrying the trajectory's advantage", () => {
+    const stepWise = (uid: string, sample: number, reward: number): Trajectory => ({
+      ...trajectory(uid, sample, reward),
+      responseIds: [3, 4, 6],
+      lossMask: [1, 1, 1],
+      rolloutLogprobs: [-0.5, -0.25, -0.125],
+      turns: [turn(0, 2, 0), turn(2, 3, reward)],
+      steps: [
+        { promptIds: [1, 2], responseIds: [3, 4], rolloutLogprobs: [-0.5, -0.25] },
+        { promptIds: [1, 2, 3, 4, 9, 9], responseIds: [6], rolloutLogprobs: [-0.125] }
+      ]
+    })
+    const batch = TrainingBatch.build([group("a", [stepWise("a", 0, 1), stepWise("a", 1, 0)])], options)
+    assert.strictEqual(batch.ids.length, 4) // 2 trajectories × 2 turns
+    assert.deepStrictEqual(batch.ids[1], [1, 2, 3, 4, 9, 9, 6])
+    assert.deepStrictEqual(batch.lossMask[1], [0, 0, 0, 0, 0, 0, 1])
+    assert.deepStrictEqual(batch.rolloutLogProbs[1], [0, 0, 0, 0, 0, 0, -0.125])
+    // GRPO over the two trajectories: Â = ±1/√2, the same on every turn's tokens
+    assert.closeTo(batch.advantages[0]![2]!, Math.SQRT1_2, 1e-4)
+    assert.closeTo(batch.advantages[1]![6]!, Math.SQRT1_2, 1e-4)
+    assert.closeTo(batch.advantages[3]![6]!, -Math.SQRT1_2, 1e-4)
+    assert.deepStrictEqual(batch.promptUids, ["a", "a", "a", "a"])
+  })
 })
