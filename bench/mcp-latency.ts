@@ -4,6 +4,7 @@
  *
  *   node bench/mcp-latency.ts [--calls 2000] [--concurrency 64]
  *
+ * A third column, `mcp_client`, is McpClient.call alone (the seam, without parsing text or keeping records).
  * Sequential: one caller, one call at a time. Concurrent: 64 callers (64 envs on one shared server connection vs
  * 64 concurrent `callTool`s on one SDK client). Prints one JSON line and writes bench/results/mcp-latency.json.
  * Goal: McpToolEnv p50 ≤ 1.2 × SDK p50.
@@ -83,8 +84,19 @@ const stepTimed = (env: Env, i: number) =>
     return ms
   })
 
+/** McpClient.call alone: the seam without the env (no text parsing, no records). */
+const callTimed = (client: McpClient.McpClient["Service"], i: number) =>
+  Effect.gen(function* () {
+    const t0 = performance.now()
+    const out = yield* client.call("multiply", args(i))
+    const ms = performance.now() - t0
+    if (out.text !== String(i * 7)) return yield* Effect.die(new Error("wrong client result"))
+    return ms
+  })
+
 const measure = Effect.gen(function* () {
   const registry = yield* EnvRegistry.EnvRegistry
+  const client = yield* McpClient.McpClient
   const makeEnv = Effect.gen(function* () {
     const env = yield* registry.make("mcp_tool", row)
     yield* env.init(row.prompt)
@@ -96,7 +108,8 @@ const measure = Effect.gen(function* () {
   const perWorker = Math.max(1, Math.ceil(calls / rounds / concurrency))
   const samples = {
     sdk: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 },
-    env: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 }
+    env: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 },
+    client: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 }
   }
   for (let i = 0; i < warmup; i++) {
     yield* Effect.promise(() => sdk.one(i))
@@ -137,23 +150,43 @@ const measure = Effect.gen(function* () {
     )
     samples.env.concWall += performance.now() - t0
     samples.env.concCpu += cpu() - c0
+    t0 = performance.now()
+    c0 = cpu()
+    for (let i = 0; i < block; i++) samples.client.seq.push(yield* callTimed(client, i))
+    samples.client.seqWall += performance.now() - t0
+    samples.client.seqCpu += cpu() - c0
+    t0 = performance.now()
+    c0 = cpu()
+    yield* Effect.forEach(
+      envs,
+      (_, w) =>
+        Effect.gen(function* () {
+          for (let i = 0; i < perWorker; i++) samples.client.conc.push(yield* callTimed(client, w * 1000 + i))
+        }),
+      { concurrency: "unbounded" }
+    )
+    samples.client.concWall += performance.now() - t0
+    samples.client.concCpu += cpu() - c0
   }
   yield* Effect.promise(() => sdk.client.close())
   const pack = (x: typeof samples.sdk) => ({
     sequential: summary(x.seq, x.seqWall, x.seqCpu),
     concurrent: summary(x.conc, x.concWall, x.concCpu)
   })
-  return { sdk: pack(samples.sdk), env: pack(samples.env) }
+  return { sdk: pack(samples.sdk), env: pack(samples.env), client: pack(samples.client) }
 }).pipe(Effect.scoped)
 
 const server = Schema.decodeUnknownSync(McpServerConfig)({ name: "toolbox", command: "node", args: [script] })
 const layer = McpToolEnv.layer({ toolCallFormat: "hermes", maxTurns: 1_000_000 }).pipe(
   Layer.provideMerge(
-    Layer.mergeAll(EnvRegistry.layer(), ToolIo.layerLive.pipe(Layer.provide(McpClient.layer({ servers: [server] }))))
+    Layer.mergeAll(
+      EnvRegistry.layer(),
+      ToolIo.layerLive.pipe(Layer.provideMerge(McpClient.layer({ servers: [server] })))
+    )
   )
 )
 
-const { sdk, env } = await Effect.runPromise(measure.pipe(Effect.provide(layer)))
+const { sdk, env, client } = await Effect.runPromise(measure.pipe(Effect.provide(layer)))
 const ratio = (a: number, b: number) => Number((a / b).toFixed(3))
 const result = {
   bench: "mcp-latency",
@@ -163,10 +196,13 @@ const result = {
   node: process.version,
   sdk,
   env,
+  mcp_client: client,
   ratio_p50_sequential: ratio(env.sequential.p50_ms, sdk.sequential.p50_ms),
   ratio_p99_sequential: ratio(env.sequential.p99_ms, sdk.sequential.p99_ms),
   ratio_p50_concurrent: ratio(env.concurrent.p50_ms, sdk.concurrent.p50_ms),
   ratio_p99_concurrent: ratio(env.concurrent.p99_ms, sdk.concurrent.p99_ms),
+  ratio_mcp_client_p50_sequential: ratio(client.sequential.p50_ms, sdk.sequential.p50_ms),
+  ratio_mcp_client_p50_concurrent: ratio(client.concurrent.p50_ms, sdk.concurrent.p50_ms),
   ratio_client_cpu_sequential: ratio(env.sequential.client_cpu_us_per_call, sdk.sequential.client_cpu_us_per_call),
   ratio_client_cpu_concurrent: ratio(env.concurrent.client_cpu_us_per_call, sdk.concurrent.client_cpu_us_per_call),
   load_average_1m: Number(loadavg()[0]?.toFixed(2)),
