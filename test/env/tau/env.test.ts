@@ -207,7 +207,10 @@ layer(scriptedLayer(options("scripted", 3)))("TauEnv max steps", (it) => {
 // ---------------------------------------------------------------------------------------------------------------
 // LLM user over HTTP: a local OpenAI-compatible endpoint that answers by rule, then a replay without it.
 
-const withEndpoint = <A, E, R>(body: (url: string, requests: Array<unknown>) => Effect.Effect<A, E, R>) =>
+const withEndpoint = <A, E, R>(
+  body: (url: string, requests: Array<unknown>) => Effect.Effect<A, E, R>,
+  special: (last: string) => string | undefined = () => undefined
+) =>
   Effect.acquireRelease(
     Effect.promise(
       () =>
@@ -220,13 +223,15 @@ const withEndpoint = <A, E, R>(body: (url: string, requests: Array<unknown>) => 
               const request = JSON.parse(body) as { messages: ReadonlyArray<{ role: string; content: string }> }
               requests.push(request)
               const last = request.messages.at(-1)!.content
-              const content = last.startsWith("You are a supervisor")
-                ? "true"
-                : last.includes("$60")
-                  ? "###STOP###"
-                  : last === "Hi! How can I help you today?"
-                    ? "Hi, I want to know my gift card balance."
-                    : "My email is isabella.lopez3271@example.com."
+              const content =
+                special(last) ??
+                (last.startsWith("You are a supervisor")
+                  ? "true"
+                  : last.includes("$60")
+                    ? "###STOP###"
+                    : last === "Hi! How can I help you today?"
+                      ? "Hi, I want to know my gift card balance."
+                      : "My email is isabella.lopez3271@example.com.")
               res.setHeader("content-type", "application/json")
               res.end(JSON.stringify({ choices: [{ message: { role: "assistant", content } }] }))
             })
@@ -375,5 +380,29 @@ describe("UserSimulator.parseReact (upstream's parse, bug kept)", () => {
       const bad = yield* Effect.flip(UserSimulator.parseReact("just text"))
       assert.strictEqual(bad.reason, "BadResponse")
     })
+  )
+})
+
+describe("TauEnv with a reflection user", () => {
+  it.effect("a reply judged false is reflected on and replaced by a new reply judged true", () =>
+    withEndpoint(
+      (url, requests) =>
+        Effect.gen(function* () {
+          const live = yield* llmEpisode(UserLlm.layerHttp({ url, model: "m" }), "reflection")
+          const asked = requests as Array<{ messages: ReadonlyArray<{ role: string; content: string }> }>
+          // generate, judge (false), reflect, generate again from the reflected message, judge (true)
+          assert.isTrue(asked[1]!.messages[0]!.content.includes("you need to verify if it is satisfactory"))
+          assert.isTrue(asked[2]!.messages[0]!.content.includes("marked as unsatisfactory by you"))
+          assert.deepStrictEqual(asked[3]!.messages.at(-1), { role: "user", content: "Please check my gift card." })
+          assert.strictEqual(live.init.messages[1]!.content, "My email is isabella.lopez3271@example.com.")
+          assert.strictEqual(live.steps.at(-1)!.reward, 1)
+        }),
+      (last) =>
+        last.includes("marked as unsatisfactory")
+          ? "Reflection: too vague.\n\nResponse: Please check my gift card."
+          : last.startsWith("You are a supervisor") && last.includes("# Response:\nHi, I want to know")
+            ? "false"
+            : undefined
+    ).pipe(Effect.scoped, Effect.provide(NodeServices.layer))
   )
 })
