@@ -3,7 +3,8 @@
  * RMSNorm, tied embeddings, fp32) on the wasm backend:
  * - forward: logits for a batch of 8 × 128 tokens;
  * - train step: forward + backward + Adam on −mean token log-prob, 8 × 128 tokens;
- * - sampling: KV-cache generation, batch 8, prompt 32, 96 new tokens, temperature 1.
+ * - sampling: KV-cache generation, batch 8, prompt 32, 96 new tokens, temperature 1;
+ * - engine: the same 8 requests as 4 concurrent LocalEngine.generate calls of 2 (continuous batching).
  * Prints one JSON line and writes bench/results/model-throughput.json.
  *
  * Run: npx node bench/model-throughput.ts [--backend wasm|cpu] [--iters N]
@@ -14,6 +15,8 @@ import * as path from "node:path"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
+import { InferenceEngine } from "../src/inference/InferenceEngine.ts"
+import * as LocalEngine from "../src/inference/LocalEngine.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
@@ -92,6 +95,20 @@ const sampleS = await time(async () => {
   generated = out.reduce((n, c) => n + c.tokens.length, 0)
 })
 
+const requests = prompts.map((promptIds, i) => ({
+  promptIds,
+  sampling: { ...Sampling.defaultParams, temperature: 1, maxNewTokens: 96, seed: i }
+}))
+const engineS = await Effect.runPromise(
+  Effect.gen(function* () {
+    const engine = yield* InferenceEngine
+    const calls = [0, 2, 4, 6].map((i) => engine.generate(requests.slice(i, i + 2)))
+    return yield* Effect.promise(() =>
+      time(() => Effect.runPromise(Effect.asVoid(Effect.all(calls, { concurrency: "unbounded" }))))
+    )
+  }).pipe(Effect.provide(LocalEngine.layer({ model })))
+)
+
 const result = {
   bench: "model-throughput",
   backend: tf.getBackend(),
@@ -107,6 +124,7 @@ const result = {
   forward: { batch: B, tokens: T, seconds: forwardS, tokens_per_s: (B * T) / forwardS },
   train_step: { batch: B, tokens: T, seconds: trainS, tokens_per_s: (B * T) / trainS, optimizer: "adam" },
   sampling: { batch: B, prompt: 32, new_tokens: 96, generated, seconds: sampleS, tokens_per_s: generated / sampleS },
+  engine_concurrent: { calls: 4, rows_per_call: 2, seconds: engineS, tokens_per_s: (8 * 96) / engineS },
   iters,
   cpu: os.cpus()[0]?.model ?? "unknown",
   cores: os.cpus().length,
