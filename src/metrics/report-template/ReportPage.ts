@@ -79,10 +79,10 @@ main { max-width: 1400px; margin: 0 auto; padding: 16px 24px 48px; }
 h1 { margin: 0 0 2px; font-size: 22px; }
 h2 { margin: 28px 0 10px; font-size: 18px; }
 .run-dir { color: var(--muted); font-family: ui-monospace, Menlo, monospace; font-size: 12px; word-break: break-all; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(180px, 1fr)); gap: 10px; margin: 14px 0; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 10px; margin: 14px 0; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; }
 .card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
-.card .value { font-size: 20px; font-weight: 600; margin-top: 2px; }
+.card .value { font-size: 18px; font-weight: 600; margin-top: 2px; white-space: nowrap; }
 .card .sub { color: var(--muted); font-size: 12px; }
 .arrow { font-weight: 700; padding: 0 2px; } .arrow.up { color: #138a3c; } .arrow.down { color: #c0362c; } .arrow.same { color: var(--muted); }
 table.eval { border-collapse: collapse; background: var(--card); border: 1px solid var(--line); border-radius: 8px; }
@@ -242,7 +242,7 @@ const script = String.raw`
   // the y axis is as wide as its longest label
   function axisSize(u, values) {
     var longest = (values || []).reduce(function (n, v) { return Math.max(n, String(v).length); }, 3);
-    return 14 + longest * 7;
+    return 24 + longest * 7;
   }
 
   var charts = [];
