@@ -140,3 +140,35 @@ export const training = (c: RunConfig, options: RunOptions) =>
       )
     })
   )
+
+/** What `replay` needs: the policy, its trainer and the run's stores; no engine, no environments, no tool servers. */
+export const replay = (c: RunConfig, options: { readonly runDir: string; readonly totalSteps: number }) =>
+  Layer.unwrap(
+    Effect.gen(function* () {
+      const backend = yield* TensorBackend.initialise(c.backend)
+      const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
+      const trainer = PolicyTrainer.layer({
+        trainer: c.trainer,
+        samplesPerPrompt: c.generator.n_samples_per_prompt,
+        temperature: c.generator.sampling.temperature > 0 ? c.generator.sampling.temperature : 1,
+        totalSteps: options.totalSteps,
+        zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
+        overlongFiltering: c.generator.apply_overlong_filtering,
+        zeroVarianceFilter: c.generator.zero_variance_filter
+      })
+      const checkpointer = Layer.effect(
+        Checkpointer.Checkpointer,
+        Effect.gen(function* () {
+          const tok = yield* Tokenizer
+          return Checkpointer.make({ runDir: options.runDir, keepN: c.checkpoint.keep_n, tokenizer: tok.impl })
+        })
+      )
+      const metrics = Metrics.layer(options.runDir, { progress: c.logging.progress }).pipe(
+        Layer.provide(NodeServices.layer)
+      )
+      return Layer.mergeAll(trainer, checkpointer, metrics, Layer.succeed(TensorBackend.TensorBackend, backend)).pipe(
+        Layer.provideMerge(tokenizer),
+        Layer.provideMerge(PolicyModel.layer(c.model))
+      )
+    })
+  )

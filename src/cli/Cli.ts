@@ -8,6 +8,7 @@ import * as DataCommand from "./DataCommand.ts"
 import * as EnvCommand from "./EnvCommand.ts"
 import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
+import * as ReplayCommand from "./ReplayCommand.ts"
 import * as ReportCommand from "./ReportCommand.ts"
 import * as SftCommand from "./SftCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
@@ -23,6 +24,7 @@ export const root = Command.make("effect-rl").pipe(
     EnvCommand.command,
     EvalCommand.command,
     ModelCommand.command,
+    ReplayCommand.command,
     ReportCommand.command,
     SftCommand.command,
     ToolsCommand.command,

@@ -1,0 +1,35 @@
+/**
+ * `replay --episodes RUN/episodes.jsonl --config FILE [--run-dir DIR] [key.path=value ...]`: train from a recorded
+ * episode log (ReplayPipeline): no sampling, no tool servers; the same log and config give bit-identical weights.
+ * Ends with `{"event":"summary","steps":…,"groups":…,"seconds":…,"runDir":…,"checkpoint":…}` on stdout.
+ */
+import { Console, Effect, Option, Stream } from "effect"
+import { Command, Flag } from "effect/cli"
+import * as RunLayers from "../../layers/RunLayers.ts"
+import * as ReplayPipeline from "../pipeline/ReplayPipeline.ts"
+import * as EpisodeLog from "../store/EpisodeLog.ts"
+import * as RunFlags from "./RunFlags.ts"
+
+export const command = Command.make(
+  "replay",
+  {
+    episodes: Flag.File("episodes", { mustExist: true }).pipe(Flag.withDescription("A recorded episodes.jsonl")),
+    config: RunFlags.config,
+    runDir: Flag.String("run-dir").pipe(
+      Flag.withDescription("Where to write (default logging.run_dir)"),
+      Flag.optional
+    ),
+    overrides: RunFlags.overrides
+  },
+  Effect.fn("cli.replay")(function* ({ episodes, config: file, runDir: runDirFlag, overrides }) {
+    const config = yield* RunFlags.load(file, overrides)
+    const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
+    const groups = yield* Stream.runCount(EpisodeLog.read(episodes))
+    const totalSteps = Math.floor(groups / config.trainer.train_batch_size)
+    yield* Effect.logInfo(`replaying ${groups} groups from ${episodes} → ${runDir}`)
+    const summary = yield* ReplayPipeline.run(config, runDir, EpisodeLog.read(episodes)).pipe(
+      Effect.provide(RunLayers.replay(config, { runDir, totalSteps: Math.max(1, totalSteps) }))
+    )
+    yield* Console.log(JSON.stringify(summary))
+  })
+).pipe(Command.withDescription("Train from a recorded episode log, with no sampling and no tool servers"))
