@@ -531,8 +531,8 @@ export const chartAssets = Effect.fn("Report.chartAssets")(function* () {
   const require = createRequire(import.meta.url)
   const read = (name: string) =>
     Effect.try({
-      try: () => require.resolve(`uplot/dist/${name}`),
-      catch: () => new ReportError({ path: `uplot/dist/${name}`, message: "the uplot package is not installed" })
+      try: () => require.resolve(`uplot/${name}`),
+      catch: () => new ReportError({ path: `uplot/${name}`, message: "the uplot package is not installed" })
     }).pipe(
       Effect.flatMap((file) =>
         fs
@@ -540,10 +540,14 @@ export const chartAssets = Effect.fn("Report.chartAssets")(function* () {
           .pipe(Effect.mapError((cause) => new ReportError({ path: file, message: `cannot read: ${cause.message}` })))
       )
     )
-  const script = yield* read("uPlot.iife.min.js")
-  const style = yield* read("uPlot.min.css")
+  const script = yield* read("dist/uPlot.iife.min.js")
+  const style = yield* read("dist/uPlot.min.css")
+  const license = yield* read("LICENSE") // MIT: the notice travels with the copy
   // inlined verbatim: a closing tag inside would end the element early
-  return { script: script.replace(/<\/(script)/gi, "<\\/$1"), style: style.replace(/<\/(style)/gi, "<\\/$1") }
+  return {
+    script: `/* uPlot ${license.replace(/\*\//g, "* /").trim()} */\n${script}`.replace(/<\/(script)/gi, "<\\/$1"),
+    style: style.replace(/<\/(style)/gi, "<\\/$1")
+  }
 })
 
 /** The HTML page for `data` (pure). */
