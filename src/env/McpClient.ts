@@ -4,7 +4,7 @@
  *
  * - Transports: stdio (we spawn the server ourselves, in its own process group, with an explicit environment: the
  *   config's `env` plus PATH and HOME, nothing else inherited) and Streamable HTTP (`url` + `headers`).
- * - `tools/list` is fetched on connect and cached; a restart re-lists. `allowed_tools` filters by the server's own
+ * - `tools/list` is fetched on connect and cached; a restart or a `tools/list_changed` notification re-lists. `allowed_tools` filters by the server's own
  *   names. With several servers mounted, tools are namespaced `server__tool`.
  * - Isolation: a `shared` server is one connection for every trajectory; a `per_trajectory` server gets a fresh
  *   connection (a fresh process for stdio) per `session`, closed with the session's scope.
@@ -552,12 +552,17 @@ const makeConnection = Effect.fnUntraced(function* (
             requestInit: { headers: { ...config.headers } },
             ...(oauth === undefined ? {} : { authProvider: oauth })
           })
-    const client = new Client(
-      clientInfo,
-      options.elicitation === "accept_defaults"
-        ? { capabilities: { elicitation: { form: { applyDefaults: true } } } }
-        : { capabilities: {} }
-    )
+    const client = new Client(clientInfo, {
+      capabilities: options.elicitation === "accept_defaults" ? { elicitation: { form: { applyDefaults: true } } } : {},
+      // notifications/tools/list_changed: the SDK re-lists; the cache follows
+      listChanged: {
+        tools: {
+          onChanged: (error, list) => {
+            if (error === null && list !== null) tools = list
+          }
+        }
+      }
+    })
     if (options.elicitation === "accept_defaults") {
       client.setRequestHandler(ElicitRequestSchema, () => ({ action: "accept", content: {} }))
     }

@@ -267,6 +267,19 @@ describe("McpClient against a faulty server", () => {
     )
   )
 
+  it.live("tools/list_changed: a tool the server adds at run time joins the cached list and can be called", () =>
+    Effect.gen(function* () {
+      const dir = Servers.tempDir("faulty")
+      const client = yield* McpClient.make({ servers: [Servers.faulty(dir)] })
+      assert.isFalse((yield* client.tools).some((t) => t.name === "late_tool"))
+      assert.strictEqual((yield* client.call("add_tool", {})).text, "added")
+      for (let i = 0; i < 50 && !(yield* client.tools).some((t) => t.name === "late_tool"); i++) {
+        yield* Effect.sleep("20 millis")
+      }
+      assert.strictEqual((yield* client.call("late_tool", {})).text, "late")
+    })
+  )
+
   it.live(
     "per_trajectory isolation: each session gets its own process, killed (with its children) with the scope",
     () =>
