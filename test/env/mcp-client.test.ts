@@ -38,6 +38,12 @@ layer(McpClient.layer({ servers: [Servers.toolbox()] }), { excludeTestServices: 
         assert.strictEqual((yield* client.call("convert_units", { value: 100, from: "c", to: "f" })).text, "212")
         assert.strictEqual((yield* client.call("date_add", { date: "2024-02-28", days: 2 })).text, "2024-03-01")
         assert.strictEqual((yield* client.call("add", { a: 0.1, b: 0.2 })).text, "0.3")
+        assert.strictEqual((yield* client.call("date_diff", { start: "2024-01-01", end: "2024-03-01" })).text, "60")
+        assert.strictEqual((yield* client.call("day_of_week", { date: "2024-03-01" })).text, "Friday")
+        const units = yield* flipCall(client, "convert_units", { value: 1, from: "kg", to: "m" })
+        assert.strictEqual(units.message, "cannot convert mass to length")
+        const date = yield* flipCall(client, "date_add", { date: "2024-02-30", days: 1 })
+        assert.strictEqual(date.message, "bad date: 2024-02-30 (want YYYY-MM-DD)")
       })
     )
 
@@ -75,6 +81,15 @@ layer(McpClient.layer({ servers: [Servers.toolbox()] }), { excludeTestServices: 
 )
 
 describe("McpClient with the reference servers", () => {
+  it.live("the toolbox simulates slow tools: TOOLBOX_LATENCY_MS=150 delays every call by 150 ms", () =>
+    Effect.gen(function* () {
+      const client = yield* McpClient.make({ servers: [Servers.toolbox({ env: { TOOLBOX_LATENCY_MS: "150" } })] })
+      const start = performance.now()
+      assert.strictEqual((yield* client.call("add", { a: 1, b: 1 })).text, "2")
+      assert.isAtLeast(performance.now() - start, 150)
+    })
+  )
+
   it.live("server-everything: env is only the config's plus PATH/HOME; results are capped and marked", () =>
     Effect.gen(function* () {
       const client = yield* McpClient.make({
