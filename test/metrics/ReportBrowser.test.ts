@@ -2,7 +2,7 @@
  * The report as a person sees it: rendered by headless Chromium (Debian's /usr/bin/chromium, driven by
  * playwright-core, offline, a fresh profile). Skips when Chromium is not installed (scripts/setup-system.sh installs it).
  */
-import { existsSync, mkdtempSync, statSync } from "node:fs"
+import { existsSync, mkdtempSync, rmSync, statSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
@@ -46,7 +46,8 @@ interface Browser {
 /** A headless Chromium page on a fresh profile, closed with the scope. */
 const browserPage = Effect.acquireRelease(
   Effect.promise(async () => {
-    const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "effect-rl-chromium-")), {
+    const profile = mkdtempSync(join(tmpdir(), "effect-rl-chromium-"))
+    const context = await chromium.launchPersistentContext(profile, {
       executablePath,
       headless: true,
       args: [
@@ -62,9 +63,13 @@ const browserPage = Effect.acquireRelease(
       viewport: { width: 1280, height: 900 },
       offline: true
     })
-    return { context, page: context.pages()[0] ?? (await context.newPage()) }
+    return { context, profile, page: context.pages()[0] ?? (await context.newPage()) }
   }),
-  ({ context }) => Effect.promise(() => context.close())
+  ({ context, profile }) =>
+    Effect.promise(async () => {
+      await context.close()
+      rmSync(profile, { recursive: true, force: true })
+    })
 )
 
 describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
@@ -153,10 +158,12 @@ describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
         assert.include(viewer.firstSampleText, SyntheticRun.answer)
         assert.deepStrictEqual(viewer.rewards, ["reward 1", "reward 1", "reward 0", "reward 0"])
 
-        const screenshot = join(runDir, "report.png")
+        // the screenshot stays for a person to look at; the run directory goes
+        const screenshot = join(mkdtempSync(join(tmpdir(), "effect-rl-report-screenshot-")), "report.png")
         yield* Effect.promise(() => page.screenshot({ path: screenshot, fullPage: true }))
         assert.isAbove(statSync(screenshot).size, 10_000)
         assert.deepStrictEqual(problems, [])
+        rmSync(runDir, { recursive: true, force: true })
       }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)),
     120_000
   )
