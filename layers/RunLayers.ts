@@ -116,7 +116,8 @@ export const training = (c: RunConfig, options: RunOptions) =>
         totalSteps: SyncPipeline.totalSteps(c, options.trainRows),
         zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
         overlongFiltering: c.generator.apply_overlong_filtering,
-        zeroVarianceFilter: c.generator.zero_variance_filter
+        zeroVarianceFilter: c.generator.zero_variance_filter,
+        stepWise: c.generator.step_wise
       })
       const checkpointer = Layer.effect(
         Checkpointer.Checkpointer,

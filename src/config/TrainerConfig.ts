@@ -8,6 +8,7 @@ export const AlgorithmConfig = Schema.Struct({
   advantage_batch_normalize: Schema.Boolean.pipe(withDefault(false)),
   gamma: Probability.pipe(withDefault(1)),
   lambd: Probability.pipe(withDefault(1)),
+  value_clip: Positive.pipe(withDefault(0.2)), // PPO value clip of the GAE critic
   policy_loss_type: Schema.Literals(["regular", "dual_clip", "gspo", "cispo", "rollout_is"]).pipe(
     withDefault("regular")
   ),

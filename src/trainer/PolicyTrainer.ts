@@ -12,7 +12,8 @@
  * 1. Micro-batch losses are scaled by their share of the mini-batch (tokens for token_mean, sequences otherwise),
  *    so gradient accumulation gives the loss of the whole mini-batch, whatever micro_train_batch_size is.
  * 2. Log-probs use logits / τ with τ = the sampling temperature, as the sampler did, so ρ = 1 on-policy.
- * 3. No critic yet: `advantage_estimator: gae` is rejected when the trainer is built.
+ * 3. `advantage_estimator: gae` trains a critic (Critic.ts: a copy of the policy trunk with a value head) on the GAE
+ *    returns, one critic step after each policy step, with the PPO value clip `value_clip`.
  */
 import * as tf from "@tensorflow/tfjs"
 import { Clock, Effect, Layer, Ref } from "effect"
@@ -28,6 +29,7 @@ import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as Critic from "./Critic.ts"
 import * as Optimizer from "./Optimizer.ts"
 import { PolicyModel } from "./PolicyModel.ts"
 import { type StepResult, Trainer, type TrainerState } from "./Trainer.ts"
@@ -41,6 +43,7 @@ export interface Options {
   readonly zeroRewardOnNonStop: boolean
   readonly overlongFiltering: boolean
   readonly zeroVarianceFilter: boolean
+  readonly stepWise?: boolean
 }
 
 const offPolicyConfig = (t: TrainerConfig): OffPolicyCorrection.Config =>
@@ -93,10 +96,11 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   const { model } = yield* PolicyModel
   const t = options.trainer
   const algo = t.algorithm
-  if (algo.advantage_estimator === "gae") {
+  if (algo.advantage_estimator === "gae" && options.stepWise === true) {
     return yield* new ConfigError({
       path: "trainer.algorithm.advantage_estimator",
-      message: "gae needs a critic, which effect-rl does not have yet: use grpo, rloo or reinforce++"
+      message:
+        "gae needs per-token values over one sequence: it cannot train step-wise trajectories (generator.step_wise)"
     })
   }
   const needsRef = algo.use_kl_loss || algo.use_kl_in_reward
@@ -121,6 +125,13 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         (ref) => Effect.sync(() => Transformer.dispose(ref))
       )
     : undefined
+  const critic =
+    algo.advantage_estimator === "gae"
+      ? yield* Effect.acquireRelease(
+          Effect.sync(() => Critic.make(model, t.critic_optimizer)),
+          (c) => Effect.sync(() => Critic.dispose(c))
+        )
+      : undefined
   const stepRef = yield* Ref.make(0)
   const versionRef = yield* Ref.make(PolicyVersion.initial)
   let klController: Kl.Controller =
@@ -239,7 +250,20 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     const started = yield* Clock.currentTimeMillis
     const stepIndex = (yield* Ref.get(stepRef)) + 1
     const trajectories = groups.flatMap((g) => g.trajectories)
-    let batch = TrainingBatch.build(groups, batchOptions)
+    // GAE reads the critic's values on the batch's own layout: lay the batch out once, score it, then build it.
+    const layout =
+      critic === undefined ? undefined : TrainingBatch.build(groups, { ...batchOptions, estimator: "grpo" })
+    const criticValues =
+      critic === undefined || layout === undefined
+        ? undefined
+        : chunks(layout.ids.length, t.micro_train_batch_size).flatMap(([a, b]) =>
+            Critic.values(critic, TrainingBatch.slice(layout, a, b)).map((r) => [
+              ...r,
+              ...new Array<number>(layout.length - r.length).fill(0)
+            ])
+          )
+    const withValues = criticValues === undefined ? batchOptions : { ...batchOptions, values: criticValues }
+    let batch = TrainingBatch.build(groups, withValues)
     const rows = batch.ids.length
     const micro = (x: TrainingBatch.Batch, f: (m: TrainingBatch.Batch) => Array<Array<number>>) =>
       chunks(x.ids.length, t.micro_train_batch_size).flatMap(([a, b]) =>
@@ -253,7 +277,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
       if (refLogProbs !== undefined && algo.use_kl_in_reward) {
         const old0 = micro(batch, (m) => logProbsOf(model, m, options.temperature))
         const kl = Kl.estimate(algo.kl_estimator_type, old0, refLogProbs)
-        batch = TrainingBatch.build(groups, { ...batchOptions, klPenalty: { kl, coef: klController.value } })
+        batch = TrainingBatch.build(groups, { ...withValues, klPenalty: { kl, coef: klController.value } })
         const observed = mean(
           kl.map((r, i) => {
             const m = batch.lossMask[i]!
@@ -274,8 +298,23 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
             catch: (cause) => cause
           }).pipe(Effect.orDie)
           if (Object.keys(values).length > 0) {
-            updates.push(values)
             yield* Ref.update(versionRef, PolicyVersion.next)
+            if (critic !== undefined) {
+              const lr = Optimizer.learningRate(
+                t.critic_optimizer,
+                critic.optimizer.step(),
+                options.totalSteps * updatesPerStep()
+              )
+              Object.assign(
+                values,
+                Critic.update(critic, batch, a, b, {
+                  valueClip: algo.value_clip,
+                  lr,
+                  microBatch: t.micro_train_batch_size
+                })
+              )
+            }
+            updates.push(values)
           }
         }
       }

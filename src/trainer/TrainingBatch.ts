@@ -28,6 +28,8 @@ export interface Options {
   readonly zeroVarianceFilter: boolean
   /** KL in the reward: r_t ← r_t − coef · kl_t on loss tokens; `kl` is aligned with the rows' ids (from a first build) */
   readonly klPenalty?: { readonly kl: ReadonlyArray<ReadonlyArray<number>>; readonly coef: number }
+  /** GAE: the critic's V(s_t), aligned with the rows' ids (from a first build); required when estimator is gae */
+  readonly values?: ReadonlyArray<ReadonlyArray<number>>
 }
 
 export interface Batch {
@@ -36,6 +38,8 @@ export interface Batch {
   readonly lossMask: Array<Array<number>> // [B, L]
   readonly advantages: Array<Array<number>> // [B, L]
   readonly rolloutLogProbs: Array<Array<number>> // [B, L]
+  readonly returns: Array<Array<number>> // [B, L], GAE returns (the critic's targets); 0 elsewhere
+  readonly values: Array<Array<number>> // [B, L], V_old(s_t) the returns were computed with; 0 without a critic
   readonly rewards: Array<number> // [B], after the reward filters
   readonly promptUids: Array<string> // [B], the GRPO group of each row
   readonly length: number // L
@@ -75,14 +79,28 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     }
     return r
   })
-  let { advantages } = Advantages.compute(o.estimator, {
+  const values =
+    o.values === undefined
+      ? undefined
+      : rows.map(({ t }, b) => {
+          const v = new Array<number>(maxResponse).fill(0)
+          const P = t.promptIds.length
+          for (let i = 0; i < t.responseIds.length; i++) v[i] = o.values![b]?.[P + i] ?? 0
+          return v
+        })
+  if (o.estimator === "gae" && (values === undefined || rows.some(({ t }) => t.steps !== undefined))) {
+    throw new Error("TrainingBatch: gae needs critic values and cannot train step-wise trajectories")
+  }
+  const computed = Advantages.compute(o.estimator, {
     tokenLevelRewards,
     responseMask,
     index: rows.map(({ uid }) => uid),
     gamma: o.gamma,
     lambd: o.lambd,
-    normByStd: o.normByStd
+    normByStd: o.normByStd,
+    values
   })
+  let advantages = computed.advantages
   if (o.advantageBatchNormalize && rows.length > 0)
     advantages = Advantages.advantageBatchNormalize(advantages, responseMask)
   // Training rows: one per trajectory, or one per turn for step-wise trajectories (the trajectory's advantage, taken
@@ -93,6 +111,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     readonly mask: ReadonlyArray<number> // response-aligned
     readonly advantage: ReadonlyArray<number> // response-aligned
     readonly logp: ReadonlyArray<number> // response-aligned
+    readonly returns: ReadonlyArray<number> // response-aligned
+    readonly values: ReadonlyArray<number> // response-aligned
     readonly reward: number
     readonly uid: string
   }
@@ -106,6 +126,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
           mask: responseMask[b]!,
           advantage: advantages[b]!,
           logp: t.rolloutLogprobs,
+          returns: o.estimator === "gae" ? computed.returns[b]! : [],
+          values: values?.[b] ?? [],
           reward,
           uid
         }
@@ -120,6 +142,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
       mask: step.responseIds.map(() => on),
       advantage: step.responseIds.map(() => scalar),
       logp: step.rolloutLogprobs,
+      returns: [],
+      values: [],
       reward,
       uid
     }))
@@ -132,6 +156,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     lossMask: [],
     advantages: [],
     rolloutLogProbs: [],
+    returns: [],
+    values: [],
     rewards: trainingRows.map((r) => r.reward),
     promptUids: trainingRows.map((r) => r.uid),
     length,
@@ -144,6 +170,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     const mask = pad()
     const adv = pad()
     const logp = pad()
+    const ret = pad()
+    const val = pad()
     for (const [i, id] of row.prompt.entries()) {
       ids[i] = id
       attention[i] = 1
@@ -155,12 +183,16 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
       mask[P + i] = m
       adv[P + i] = m === 0 ? 0 : row.advantage[i]!
       logp[P + i] = m === 0 ? 0 : row.logp[i]!
+      ret[P + i] = m === 0 ? 0 : (row.returns[i] ?? 0)
+      val[P + i] = m === 0 ? 0 : (row.values[i] ?? 0)
     }
     batch.ids.push(ids)
     batch.attentionMask.push(attention)
     batch.lossMask.push(mask)
     batch.advantages.push(adv)
     batch.rolloutLogProbs.push(logp)
+    batch.returns.push(ret)
+    batch.values.push(val)
   }
   return batch
 }
@@ -176,6 +208,8 @@ export const slice = (batch: Batch, from: number, to: number): Batch => {
     lossMask: cut(batch.lossMask),
     advantages: cut(batch.advantages),
     rolloutLogProbs: cut(batch.rolloutLogProbs),
+    returns: cut(batch.returns),
+    values: cut(batch.values),
     rewards: batch.rewards.slice(from, to),
     promptUids: batch.promptUids.slice(from, to),
     length,

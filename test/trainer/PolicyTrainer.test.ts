@@ -150,6 +150,25 @@ describe("PolicyTrainer", () => {
     })
   )
 
+  it.effect("GAE trains a critic on the returns: its value loss falls while the policy learns", () =>
+    Effect.gen(function* () {
+      const layer = yield* setup(["trainer.algorithm.advantage_estimator=gae", "trainer.critic_optimizer.lr=0.01"])
+      yield* Effect.gen(function* () {
+        const trainer = yield* Trainer
+        const { model } = yield* PolicyModel.PolicyModel
+        const goodBefore = sequenceLogProb(model, [5, 6, 7])
+        const losses: Array<number> = []
+        for (let i = 0; i < 6; i++) {
+          const result = yield* trainer.step(groups(2))
+          losses.push(result.metrics["critic/value_loss"]!)
+          assert.isTrue(Number.isFinite(result.metrics["critic/values_mean"]))
+        }
+        assert.isBelow(losses[losses.length - 1]!, losses[0]! * 0.5)
+        assert.isAbove(sequenceLogProb(model, [5, 6, 7]), goodBefore)
+      }).pipe(Effect.provide(layer))
+    })
+  )
+
   it.effect("rejects use_kl_loss without a reference policy, naming trainer.ref", () =>
     Effect.gen(function* () {
       const layer = yield* setup(["trainer.algorithm.use_kl_loss=true"])

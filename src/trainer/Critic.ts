@@ -1,0 +1,111 @@
+/**
+ * The critic for GAE (SkyRL's critic worker): a copy of the policy's trunk with a scalar value head, trained by
+ * `ValueLoss.ppo` on GAE returns with its own AdamW. V(s_t) — the value of the state in which token t is chosen —
+ * is read from the hidden state of position t − 1, so values line up with per-token log-probs (index t = token t).
+ *
+ * Departure: SkyRL initialises the critic from a separate checkpoint when given; here it always starts as a copy of
+ * the policy (its trunk) with a zero value head, which is SkyRL's default when no critic path is set.
+ */
+import * as tf from "@tensorflow/tfjs"
+import * as Diagnostics from "../algo/Diagnostics.ts"
+import * as ValueLoss from "../algo/ValueLoss.ts"
+import type { OptimizerConfig } from "../config/TrainerConfig.ts"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as Snapshot from "../model/Snapshot.ts"
+import * as Transformer from "../model/Transformer.ts"
+import * as Optimizer from "./Optimizer.ts"
+import * as TrainingBatch from "./TrainingBatch.ts"
+
+export interface Critic {
+  readonly model: Transformer.Transformer
+  readonly head: tf.Variable // [D, 1]
+  readonly optimizer: Optimizer.AdamW
+}
+
+export const make = (policy: Transformer.Transformer, config: OptimizerConfig): Critic => {
+  const model = Transformer.init(policy.config, 0)
+  Snapshot.load(model, Snapshot.fromModel(policy, PolicyVersion.initial))
+  const head = tf.tidy(() => tf.variable(tf.zeros([policy.config.hiddenSize, 1]), true, `critic${model.id}/value_head`))
+  const optimizer = Optimizer.make([...Transformer.trainableVariables(model), head], config)
+  return { model, head, optimizer }
+}
+
+export const dispose = (critic: Critic): void => {
+  critic.optimizer.dispose()
+  critic.head.dispose()
+  Transformer.dispose(critic.model)
+}
+
+/** V(s_t) for every position, aligned with ids: [B, T] (position 0 has no preceding state: 0). Differentiable. */
+export const valuesTensor = (critic: Critic, batch: TrainingBatch.Batch): tf.Tensor2D =>
+  tf.tidy(() => {
+    const B = batch.ids.length
+    const T = batch.length
+    const hidden = Transformer.hiddenStates(critic.model, {
+      ids: batch.ids,
+      attentionMask: batch.attentionMask,
+      training: true
+    }) // [B·T, D]
+    const v = tf.reshape(tf.matMul(hidden, critic.head), [B, T]) // v(h_t)   [B, T]
+    return tf.concat([tf.zeros([B, 1]), tf.slice(v, [0, 0], [B, T - 1])], 1) as tf.Tensor2D // V(s_t) = v(h_{t−1})
+  })
+
+/** V(s_t) as plain numbers (no gradient), for GAE. */
+export const values = (critic: Critic, batch: TrainingBatch.Batch): Array<Array<number>> =>
+  tf.tidy(() => valuesTensor(critic, batch).arraySync())
+
+/** One critic optimizer step on rows [from, to): the PPO value loss against the batch's GAE returns. */
+export const update = (
+  critic: Critic,
+  batch: TrainingBatch.Batch,
+  from: number,
+  to: number,
+  options: { readonly valueClip: number; readonly lr: number; readonly microBatch: number }
+): Record<string, number> => {
+  let accumulated: tf.NamedTensorMap | undefined
+  const collected: Array<Record<string, number>> = []
+  const rows = to - from
+  for (let a = from; a < to; a += options.microBatch) {
+    const b = Math.min(to, a + options.microBatch)
+    const micro = TrainingBatch.slice(batch, a, b)
+    const share = (b - a) / rows
+    const result = Diagnostics.variableGrads(
+      () =>
+        tf.tidy(() => {
+          const out = ValueLoss.ppo(
+            {
+              values: valuesTensor(critic, micro),
+              oldValues: tf.tensor2d(micro.values),
+              returns: tf.tensor2d(micro.returns),
+              lossMask: tf.tensor2d(micro.lossMask)
+            },
+            options.valueClip
+          )
+          return { loss: tf.mul(out.loss, share) as tf.Scalar, metrics: { ...out.metrics, valueLoss: out.loss } }
+        }),
+      [...Transformer.trainableVariables(critic.model), critic.head]
+    )
+    collected.push(Diagnostics.read(result.metrics))
+    result.value.dispose()
+    if (accumulated === undefined) accumulated = result.grads
+    else {
+      const next: tf.NamedTensorMap = {}
+      for (const [name, g] of Object.entries(result.grads)) {
+        next[name] = tf.add(accumulated[name]!, g)
+        accumulated[name]!.dispose()
+        g.dispose()
+      }
+      accumulated = next
+    }
+  }
+  if (accumulated === undefined) return {}
+  const gradNorm = critic.optimizer.apply(accumulated, options.lr)
+  tf.dispose(accumulated)
+  const mean = (key: string) => collected.reduce((s, m) => s + (m[key] ?? 0), 0) / Math.max(1, collected.length)
+  return {
+    "critic/value_loss": mean("valueLoss"),
+    "critic/values_mean": mean("valuesMean"),
+    "critic/values_clipfrac": mean("valuesClipfrac"),
+    "critic/grad_norm": gradNorm
+  }
+}
