@@ -3,9 +3,10 @@
  * It owns the servers' lifetimes and translates every SDK failure into a typed error.
  *
  * - Transports: stdio (we spawn the server ourselves, in its own process group, with an explicit environment: the
- *   config's `env` plus PATH and HOME, nothing else inherited) and Streamable HTTP (`url` + `headers`).
- * - `tools/list` is fetched on connect and cached; a restart or a `tools/list_changed` notification re-lists. `allowed_tools` filters by the server's own
- *   names. With several servers mounted, tools are namespaced `server__tool`.
+ *   config's `env` plus PATH and HOME, nothing else inherited) and Streamable HTTP (`url` + `headers`, or `oauth`:
+ *   a headless OAuth client for pre-approved clients). An HTTP session the server forgot is reopened.
+ * - `tools/list` is fetched on connect and cached; a restart or a `tools/list_changed` notification re-lists.
+ *   `allowed_tools` filters by the server's own names. With several servers mounted, tools are `server__tool`.
  * - Isolation: a `shared` server is one connection for every trajectory; a `per_trajectory` server gets a fresh
  *   connection (a fresh process for stdio) per `session`, closed with the session's scope.
  * - Every call has a timeout (`timeout_ms`) and its result text is capped at `maxResultChars` (truncation is marked).
