@@ -51,20 +51,28 @@ const T = 128
 const prng = Prng.make(1)
 const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * 512)))
 
-/** Median seconds per call over `iters` runs after one warm-up. */
-const time = async (run: () => void | Promise<void>): Promise<number> => {
+/** CPU seconds (user + system) of each timed section, keyed by section: robust to other processes sharing the cores. */
+const cpuSeconds: Record<string, number> = {}
+
+/** Median wall seconds per call over `iters` runs after one warm-up; records the median CPU seconds under `name`. */
+const time = async (name: string, run: () => void | Promise<void>): Promise<number> => {
   await run()
-  const samples: Array<number> = []
+  const wall: Array<number> = []
+  const cpu: Array<number> = []
   for (let i = 0; i < iters; i++) {
     const start = performance.now()
+    const startCpu = process.cpuUsage()
     await run()
-    samples.push((performance.now() - start) / 1000)
+    const used = process.cpuUsage(startCpu)
+    cpu.push((used.user + used.system) / 1e6)
+    wall.push((performance.now() - start) / 1000)
   }
-  samples.sort((a, b) => a - b)
-  return samples[Math.floor(samples.length / 2)]!
+  const median = (xs: Array<number>) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+  cpuSeconds[name] = median(cpu)
+  return median(wall)
 }
 
-const forwardS = await time(() => {
+const forwardS = await time("forward", () => {
   tf.tidy(() => {
     Transformer.forward(model, { ids }).dataSync()
   })
@@ -72,7 +80,7 @@ const forwardS = await time(() => {
 
 const optimizer = tf.train.adam(1e-4)
 const vars = Transformer.trainableVariables(model)
-const trainS = await time(() => {
+const trainS = await time("train_step", () => {
   const loss = optimizer.minimize(
     () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
     true,
@@ -84,7 +92,7 @@ const trainS = await time(() => {
 
 const prompts = ids.map((row) => row.slice(0, 32))
 let generated = 0
-const sampleS = await time(async () => {
+const sampleS = await time("sampling", async () => {
   const out = await Sampling.generate(
     model,
     prompts.map((promptIds, i) => ({
@@ -104,7 +112,7 @@ const engineS = await Effect.runPromise(
     const engine = yield* InferenceEngine
     const calls = [0, 2, 4, 6].map((i) => engine.generate(requests.slice(i, i + 2)))
     return yield* Effect.promise(() =>
-      time(() => Effect.runPromise(Effect.asVoid(Effect.all(calls, { concurrency: "unbounded" }))))
+      time("engine_concurrent", () => Effect.runPromise(Effect.asVoid(Effect.all(calls, { concurrency: "unbounded" }))))
     )
   }).pipe(Effect.provide(LocalEngine.layer({ model })))
 )
@@ -125,6 +133,7 @@ const result = {
   train_step: { batch: B, tokens: T, seconds: trainS, tokens_per_s: (B * T) / trainS, optimizer: "adam" },
   sampling: { batch: B, prompt: 32, new_tokens: 96, generated, seconds: sampleS, tokens_per_s: generated / sampleS },
   engine_concurrent: { calls: 4, rows_per_call: 2, seconds: engineS, tokens_per_s: (8 * 96) / engineS },
+  cpu_seconds: cpuSeconds, // the same sections in CPU time (wasm is single-threaded: ≈ wall time on an idle core)
   iters,
   cpu: os.cpus()[0]?.model ?? "unknown",
   cores: os.cpus().length,

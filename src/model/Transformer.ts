@@ -99,7 +99,17 @@ export const transpose2d = (data: Float32Array, rows: number, cols: number): Flo
   return out
 }
 
-let nextId = 0
+/**
+ * Model ids are unique per process, not per module instance: tfjs' variable registry is global, and two copies of
+ * this module (a bundle plus a direct import) must not hand out the same `t<id>/` prefix.
+ */
+const idCounter = Symbol.for("effect-rl/model/Transformer/nextId")
+const nextModelId = (): number => {
+  const g = globalThis as unknown as Record<symbol, number | undefined>
+  const id = g[idCounter] ?? 0
+  g[idCounter] = id + 1
+  return id
+}
 
 /**
  * Build a model from HF-layout arrays (`get(name)` returns HF shape + data; a missing tied `lm_head` is fine).
@@ -109,7 +119,7 @@ export const fromHfArrays = (
   config: TransformerConfig,
   get: (name: string) => { readonly shape: ReadonlyArray<number>; readonly data: Float32Array } | undefined
 ): Transformer => {
-  const id = nextId++
+  const id = nextModelId()
   const params = new Map<string, tf.Variable>()
   try {
     for (const spec of parameterSpecs(config)) {
