@@ -2,7 +2,7 @@
  * Tool-call round trip through McpToolEnv (parse model text → McpClient → toolbox → tool message) vs the bare MCP
  * SDK client calling the same toolbox server (both over stdio, each with its own server process).
  *
- *   node bench/mcp-latency.ts [--calls 2000] [--concurrency 64]
+ *   node bench/mcp-latency.ts [--calls 2000] [--concurrent-calls 8192] [--concurrency 64] [--microtask-scheduler]
  *
  * A third column, `mcp_client`, is McpClient.call alone (the seam, without parsing text or keeping records).
  * Sequential: one caller, one call at a time. Concurrent: 64 callers (64 envs on one shared server connection vs
@@ -17,7 +17,7 @@ import { cpus, loadavg } from "node:os"
 import { join, resolve } from "node:path"
 import { Client } from "@modelcontextprotocol/sdk/client/index.js"
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js"
-import { Effect, Layer, Schema } from "effect"
+import { Effect, Layer, Scheduler, Schema } from "effect"
 import { McpServerConfig } from "../src/config/EnvironmentConfig.ts"
 import type { PromptRow } from "../src/domain/PromptRow.ts"
 import type { Env } from "../src/env/Env.ts"
@@ -32,7 +32,8 @@ const argValue = (flag: string, fallback: number) => {
   const i = process.argv.indexOf(flag)
   return i >= 0 ? Number(process.argv[i + 1]) : fallback
 }
-const calls = argValue("--calls", 2000)
+const calls = argValue("--calls", 2000) // sequential calls per client
+const concurrentCalls = argValue("--concurrent-calls", 8192) // concurrent calls per client (64 callers × 16 × 8 rounds)
 const concurrency = argValue("--concurrency", 64)
 const warmup = 200
 
@@ -105,15 +106,37 @@ const measure = Effect.gen(function* () {
   const sdk = yield* Effect.promise(() => sdkClient())
   const env = yield* makeEnv
   const envs = yield* Effect.forEach(Array.from({ length: concurrency }), () => makeEnv)
-  const perWorker = Math.max(1, Math.ceil(calls / rounds / concurrency))
+  const perWorker = Math.max(1, Math.ceil(concurrentCalls / rounds / concurrency))
   const samples = {
     sdk: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 },
     env: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 },
     client: { seq: [] as Array<number>, conc: [] as Array<number>, seqWall: 0, concWall: 0, seqCpu: 0, concCpu: 0 }
   }
+  // warm-up (not measured): the JIT compiles each path's sequential and concurrent code before the clock runs
   for (let i = 0; i < warmup; i++) {
     yield* Effect.promise(() => sdk.one(i))
     yield* stepTimed(env, i)
+    yield* callTimed(client, i)
+  }
+  for (let r = 0; r < 4; r++) {
+    yield* Effect.promise(() =>
+      Promise.all(
+        Array.from({ length: concurrency }, async (_, w) => {
+          for (let i = 0; i < perWorker; i++) await sdk.one(w * 1000 + i)
+        })
+      )
+    )
+    yield* Effect.forEach(
+      envs,
+      (e, w) =>
+        Effect.gen(function* () {
+          for (let i = 0; i < perWorker; i++) {
+            yield* stepTimed(e, w * 1000 + i)
+            yield* callTimed(client, w * 1000 + i)
+          }
+        }),
+      { concurrency: "unbounded" }
+    )
   }
   for (let r = 0; r < rounds; r++) {
     const block = Math.ceil(calls / rounds)
@@ -186,11 +209,22 @@ const layer = McpToolEnv.layer({ toolCallFormat: "hermes", maxTurns: 1_000_000 }
   )
 )
 
-const { sdk, env, client } = await Effect.runPromise(measure.pipe(Effect.provide(layer)))
+// --microtask-scheduler: resume fibers on microtasks instead of setImmediate (Effect's "sync" execution mode), to
+// show how much of the gap is the runtime's hop per async resume rather than work done per call.
+const microtask = process.argv.includes("--microtask-scheduler")
+const { sdk, env, client } = await Effect.runPromise(
+  microtask
+    ? measure.pipe(
+        Effect.provide(layer),
+        Effect.provideService(Scheduler.Scheduler, new Scheduler.MixedScheduler("sync"))
+      )
+    : measure.pipe(Effect.provide(layer))
+)
 const ratio = (a: number, b: number) => Number((a / b).toFixed(3))
 const result = {
   bench: "mcp-latency",
   calls,
+  concurrent_calls: concurrentCalls,
   concurrency,
   cpus: cpus().length,
   node: process.version,
@@ -205,9 +239,13 @@ const result = {
   ratio_mcp_client_p50_concurrent: ratio(client.concurrent.p50_ms, sdk.concurrent.p50_ms),
   ratio_client_cpu_sequential: ratio(env.sequential.client_cpu_us_per_call, sdk.sequential.client_cpu_us_per_call),
   ratio_client_cpu_concurrent: ratio(env.concurrent.client_cpu_us_per_call, sdk.concurrent.client_cpu_us_per_call),
+  scheduler: microtask ? "microtask" : "default (setImmediate)",
   load_average_1m: Number(loadavg()[0]?.toFixed(2)),
   goal: "env p50 <= 1.2 x sdk p50"
 }
 mkdirSync(join(root, "bench/results"), { recursive: true })
-writeFileSync(join(root, "bench/results/mcp-latency.json"), `${JSON.stringify(result, null, 2)}\n`)
+writeFileSync(
+  join(root, `bench/results/mcp-latency${microtask ? "-microtask" : ""}.json`),
+  `${JSON.stringify(result, null, 2)}\n`
+)
 console.log(JSON.stringify(result))
