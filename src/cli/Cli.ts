@@ -10,6 +10,7 @@ import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
 import * as ReplayCommand from "./ReplayCommand.ts"
 import * as ReportCommand from "./ReportCommand.ts"
+import * as ServeCommand from "./ServeCommand.ts"
 import * as SftCommand from "./SftCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
 import * as TrainCommand from "./TrainCommand.ts"
@@ -26,6 +27,7 @@ export const root = Command.make("effect-rl").pipe(
     ModelCommand.command,
     ReplayCommand.command,
     ReportCommand.command,
+    ServeCommand.command,
     SftCommand.command,
     ToolsCommand.command,
     TrainCommand.command

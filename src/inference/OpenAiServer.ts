@@ -1,0 +1,501 @@
+/**
+ * The OpenAI-compatible HTTP API that `serve` runs over an InferenceEngine (a LocalEngine over a checkpoint).
+ * Token ids in, token ids + behaviour log-probs out, in vLLM's wire conventions so that RemoteEngine talks to this
+ * server and to vLLM alike:
+ *
+ * - `POST /v1/completions`: `prompt` is a string, strings, token ids (`number[]`) or batches of them (`number[][]`).
+ *   Each choice carries `text`, `finish_reason`, `token_ids` (vLLM's `return_token_ids`), `logprobs` in the legacy
+ *   completions shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`; with `return_tokens_as_token_ids`
+ *   the tokens read `token_id:<id>`, as vLLM writes them) and, our extension, `policy_version_first/last`.
+ *   `top_logprobs` holds only the sampled token (no alternatives are computed).
+ * - `POST /v1/chat/completions`: renders the chat template (with `tools`), samples, and reads tool calls out of the
+ *   text (env/ToolCallParser.ts, `auto`): a reply with calls has `message.tool_calls` and `finish_reason:
+ *   "tool_calls"`, as vLLM's tool parsers give.
+ * - `GET /v1/models`, `GET /health` (`{status, policy_version}`).
+ * - `POST /v1/weights`: a new WeightSnapshot as safetensors bytes, in one or more chunks (sync/HttpWeightSync.ts
+ *   has the protocol), authenticated with `Authorization: Bearer <token>`. The last chunk applies the weights; the
+ *   engine swaps them between two decode steps, so requests in flight continue on them. Without a token configured
+ *   the endpoint answers 403: weights can never be replaced anonymously.
+ *
+ * Sampling defaults follow vLLM: `max_tokens` 16, `temperature` 1, `top_p` 1, `top_k` off (0 or -1), the tokenizer's
+ * end-of-turn ids stop unless `ignore_eos`; `seed` is per request (choice j of prompt i uses `seed + i·n + j`).
+ */
+import { timingSafeEqual } from "node:crypto"
+import { Clock, Effect, Random } from "effect"
+import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
+import type { InferenceError } from "../domain/Errors.ts"
+import type { Message, ToolCallWire } from "../domain/Message.ts"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
+import * as ToolCallParser from "../env/ToolCallParser.ts"
+import * as Safetensors from "../model/Safetensors.ts"
+import * as WeightUpload from "../sync/WeightUpload.ts"
+import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
+import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import type { GenerateRequest, GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+
+export interface ServerOptions {
+  readonly engine: InferenceEngine["Service"]
+  readonly tokenizer: TokenizerImpl
+  /** The name `/v1/models` lists and responses carry. */
+  readonly modelName: string
+  /** The context length, for `/v1/models` (`max_model_len`). */
+  readonly maxModelLen: number
+  /** Bearer token of `/v1/weights`; without one the endpoint is closed (403). */
+  readonly weightToken?: string
+  /** Refuse weight uploads larger than this (bytes); default 4 GiB. */
+  readonly maxWeightBytes?: number
+}
+
+/** A request the server refuses: answered with `status` and OpenAI's error body. */
+class BadRequest {
+  readonly _tag = "BadRequest"
+  readonly message: string
+  readonly status: number
+  constructor(message: string, status = 400) {
+    this.message = message
+    this.status = status
+  }
+}
+
+const errorBody = (message: string, status: number) => ({
+  error: {
+    message,
+    type: status === 401 ? "authentication_error" : status >= 500 ? "server_error" : "invalid_request_error",
+    code: status
+  }
+})
+
+const fail = (message: string, status = 400) => Effect.fail(new BadRequest(message, status))
+
+const respondError = (e: BadRequest) =>
+  HttpServerResponse.jsonUnsafe(errorBody(e.message, e.status), { status: e.status })
+
+const fromInferenceError = (e: InferenceError) =>
+  new BadRequest(
+    e.message,
+    e.reason === "BadResponse" ? 400 : e.reason === "Overloaded" ? 503 : e.reason === "Unreachable" ? 502 : 500
+  )
+
+// ---------------------------------------------------------------------------------------------------------------
+// Request fields. Bodies are read leniently, as OpenAI servers do: unknown fields are ignored, null = absent.
+
+type Json = Record<string, unknown>
+
+const optionalNumber = (body: Json, key: string, check: (n: number) => boolean, expected: string) => {
+  const value = body[key]
+  if (value === undefined || value === null) return Effect.succeed(undefined)
+  return typeof value === "number" && Number.isFinite(value) && check(value)
+    ? Effect.succeed(value)
+    : fail(`"${key}" must be ${expected}`)
+}
+
+const isTokenIds = (value: unknown): value is ReadonlyArray<number> =>
+  Array.isArray(value) && value.length > 0 && value.every((v) => Number.isInteger(v) && v >= 0)
+
+/** `prompt` as token-id rows. Text is encoded with the tokenizer's own decoration (vLLM's `add_special_tokens`). */
+const promptRows = (body: Json, tokenizer: TokenizerImpl) => {
+  const prompt = body["prompt"]
+  const encode = (text: string) => tokenizer.encode(text, { addSpecialTokens: true })
+  if (typeof prompt === "string") return Effect.succeed([encode(prompt)])
+  if (isTokenIds(prompt)) return Effect.succeed([prompt])
+  if (Array.isArray(prompt) && prompt.length > 0) {
+    if (prompt.every((p) => typeof p === "string")) return Effect.succeed(prompt.map(encode))
+    if (prompt.every(isTokenIds)) return Effect.succeed(prompt as ReadonlyArray<ReadonlyArray<number>>)
+  }
+  return fail(`"prompt" must be a string, strings, token ids or lists of token ids, all non-empty`)
+}
+
+const stopStrings = (body: Json) => {
+  const stop = body["stop"]
+  if (stop === undefined || stop === null) return Effect.succeed([] as ReadonlyArray<string>)
+  if (typeof stop === "string") return Effect.succeed([stop])
+  if (Array.isArray(stop) && stop.every((s) => typeof s === "string")) return Effect.succeed(stop as Array<string>)
+  return fail(`"stop" must be a string or a list of strings`)
+}
+
+interface Sampling {
+  readonly n: number
+  readonly maxTokens: number
+  readonly temperature: number
+  readonly topP: number
+  readonly topK: number
+  readonly seed: number | undefined
+  readonly stopStrings: ReadonlyArray<string>
+  readonly stopTokenIds: ReadonlyArray<number>
+}
+
+const samplingOf = (body: Json, tokenizer: TokenizerImpl, maxTokensKeys: ReadonlyArray<string>) =>
+  Effect.gen(function* () {
+    const n = (yield* optionalNumber(body, "n", (v) => Number.isInteger(v) && v >= 1 && v <= 128, "1 to 128")) ?? 1
+    let maxTokens = 16
+    for (const key of maxTokensKeys) {
+      const value = yield* optionalNumber(body, key, (v) => Number.isInteger(v) && v >= 1, "a positive integer")
+      if (value !== undefined) maxTokens = value
+    }
+    const temperature = (yield* optionalNumber(body, "temperature", (v) => v >= 0, "≥ 0")) ?? 1
+    const topP = (yield* optionalNumber(body, "top_p", (v) => v > 0 && v <= 1, "in (0, 1]")) ?? 1
+    const topK = (yield* optionalNumber(body, "top_k", (v) => Number.isInteger(v) && v >= -1, "an integer ≥ -1")) ?? 0
+    const seed = yield* optionalNumber(body, "seed", Number.isInteger, "an integer")
+    const extraStopIds = body["stop_token_ids"]
+    if (
+      extraStopIds !== undefined &&
+      extraStopIds !== null &&
+      !isTokenIds(extraStopIds) &&
+      !Array.isArray(extraStopIds)
+    ) {
+      return yield* fail(`"stop_token_ids" must be a list of token ids`)
+    }
+    const ids = Array.isArray(extraStopIds) ? (extraStopIds as ReadonlyArray<number>) : []
+    const stopTokenIds = body["ignore_eos"] === true ? ids : [...new Set([...tokenizer.eosIds, ...ids])]
+    return {
+      n,
+      maxTokens,
+      temperature,
+      topP,
+      topK: Math.max(0, topK), // -1 (vLLM) and 0 (ours) both mean off
+      seed,
+      stopStrings: yield* stopStrings(body),
+      stopTokenIds
+    } satisfies Sampling
+  })
+
+/** One engine request per (prompt, sample): choice index `i·n + j`, as vLLM numbers them. */
+const requestsOf = (prompts: ReadonlyArray<ReadonlyArray<number>>, s: Sampling) =>
+  Effect.gen(function* () {
+    const base = s.seed ?? (yield* Random.nextIntBetween(0, 2 ** 31 - 1))
+    return prompts.flatMap((promptIds, i) =>
+      Array.from(
+        { length: s.n },
+        (_, j): GenerateRequest => ({
+          promptIds,
+          sampling: {
+            maxNewTokens: s.maxTokens,
+            temperature: s.temperature,
+            topK: s.topK,
+            topP: s.topP,
+            stopTokenIds: s.stopTokenIds,
+            stopStrings: s.stopStrings,
+            seed: (base + i * s.n + j) % 2 ** 31
+          }
+        })
+      )
+    )
+  })
+
+// ---------------------------------------------------------------------------------------------------------------
+// Responses
+
+/** The legacy completions `logprobs` object for one choice. */
+export const completionLogprobs = (
+  tokenizer: TokenizerImpl,
+  result: Pick<GenerateResult, "tokens" | "logprobs">,
+  tokensAsIds: boolean
+) => {
+  const pieces = result.tokens.map((id) => tokenizer.decode([id]))
+  const tokens = tokensAsIds ? result.tokens.map((id) => `token_id:${id}`) : pieces
+  const textOffset: Array<number> = []
+  let at = 0
+  for (const piece of pieces) {
+    textOffset.push(at)
+    at += piece.length
+  }
+  return {
+    tokens,
+    token_logprobs: [...result.logprobs],
+    top_logprobs: tokens.map((t, i) => ({ [t]: result.logprobs[i]! })),
+    text_offset: textOffset
+  }
+}
+
+/** The assistant message of a chat completion: tool calls read out of the text when the request offered tools. */
+export const chatMessage = (
+  text: string,
+  toolsOffered: boolean
+): { readonly message: Json; readonly finishReason: "tool_calls" | undefined } => {
+  if (!toolsOffered) return { message: { role: "assistant", content: text }, finishReason: undefined }
+  const parsed = ToolCallParser.parse(text, "auto")
+  if (parsed.calls.length === 0) return { message: { role: "assistant", content: text }, finishReason: undefined }
+  const toolCalls: Array<ToolCallWire> = parsed.calls.map((call) => ({
+    id: call.id,
+    type: "function",
+    function: { name: call.name, arguments: JSON.stringify(call.arguments) }
+  }))
+  // vLLM's tool parsers keep the text before the first call as content (null when there is none)
+  const before = text.split(/<tool_call>|<tool>|^Action:/m)[0]!.trim()
+  return {
+    message: { role: "assistant", content: before === "" ? null : before, tool_calls: toolCalls },
+    finishReason: "tool_calls"
+  }
+}
+
+const readMessages = (body: Json) => {
+  const messages = body["messages"]
+  if (!Array.isArray(messages) || messages.length === 0) return fail(`"messages" must be a non-empty list`)
+  const out: Array<Message> = []
+  for (const [i, m] of messages.entries()) {
+    if (typeof m !== "object" || m === null) return fail(`messages[${i}] must be an object`)
+    const { role, content, tool_calls, tool_call_id, name } = m as Json
+    if (role !== "system" && role !== "user" && role !== "assistant" && role !== "tool") {
+      return fail(`messages[${i}].role must be system, user, assistant or tool`)
+    }
+    // content: a string, null (an assistant turn with only tool calls) or OpenAI's list of text parts
+    const text =
+      typeof content === "string"
+        ? content
+        : content === null || content === undefined
+          ? ""
+          : Array.isArray(content)
+            ? content.map((part) => (typeof part?.text === "string" ? part.text : "")).join("")
+            : undefined
+    if (text === undefined) return fail(`messages[${i}].content must be a string or a list of text parts`)
+    out.push({
+      role,
+      content: text,
+      ...(Array.isArray(tool_calls) ? { tool_calls: tool_calls as Array<ToolCallWire> } : {}),
+      ...(typeof tool_call_id === "string" ? { tool_call_id } : {}),
+      ...(typeof name === "string" ? { name } : {})
+    })
+  }
+  return Effect.succeed(out)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+const secondsNow = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
+
+const readJsonBody = (request: HttpServerRequest.HttpServerRequest) =>
+  request.json.pipe(
+    Effect.mapError(() => new BadRequest("the body is not valid JSON")),
+    Effect.flatMap((body) =>
+      typeof body === "object" && body !== null && !Array.isArray(body)
+        ? Effect.succeed(body as Json)
+        : fail("the body must be a JSON object")
+    )
+  )
+
+const generateAll = (engine: InferenceEngine["Service"], requests: ReadonlyArray<GenerateRequest>) =>
+  engine.generate(requests).pipe(Effect.mapError(fromInferenceError))
+
+const usage = (prompts: number, completions: number) => ({
+  prompt_tokens: prompts,
+  completion_tokens: completions,
+  total_tokens: prompts + completions
+})
+
+/** Constant-time check of `Authorization: Bearer <token>`. */
+const authorised = (request: HttpServerRequest.HttpServerRequest, token: string): boolean => {
+  const header = request.headers["authorization"] ?? ""
+  const given = Buffer.from(header.startsWith("Bearer ") ? header.slice(7).trim() : "")
+  const expected = Buffer.from(token)
+  return given.length === expected.length && timingSafeEqual(given, expected)
+}
+
+/** The routes, as an HttpRouter layer (serve it with `HttpRouter.serve`). */
+export const routes = (options: ServerOptions) =>
+  HttpRouter.use(
+    Effect.fnUntraced(function* (router) {
+      const { engine, tokenizer, modelName } = options
+      const uploads = WeightUpload.assembler({ maxBytes: options.maxWeightBytes ?? 4 * 1024 ** 3 })
+      const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
+        effect.pipe(Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))))
+
+      yield* router.add(
+        "GET",
+        "/health",
+        Effect.map(engine.version, (v) => HttpServerResponse.jsonUnsafe({ status: "ok", policy_version: v }))
+      )
+
+      yield* router.add(
+        "GET",
+        "/v1/models",
+        Effect.gen(function* () {
+          const created = yield* secondsNow
+          const version = yield* engine.version
+          return HttpServerResponse.jsonUnsafe({
+            object: "list",
+            data: [
+              {
+                id: modelName,
+                object: "model",
+                created,
+                owned_by: "effect-rl",
+                root: modelName,
+                max_model_len: options.maxModelLen,
+                policy_version: version
+              }
+            ]
+          })
+        })
+      )
+
+      yield* router.add("POST", "/v1/completions", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const body = yield* readJsonBody(request)
+            if (body["stream"] === true) return yield* fail(`"stream" is not supported`)
+            const prompts = yield* promptRows(body, tokenizer)
+            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"])
+            const requests = yield* requestsOf(prompts, sampling)
+            const results = yield* generateAll(engine, requests)
+            const wantLogprobs = body["logprobs"] !== undefined && body["logprobs"] !== null
+            const tokensAsIds = body["return_tokens_as_token_ids"] === true
+            const created = yield* secondsNow
+            const choices = results.map((r, index) => ({
+              index,
+              text: tokenizer.decode(r.tokens),
+              logprobs: wantLogprobs ? completionLogprobs(tokenizer, r, tokensAsIds) : null,
+              finish_reason: r.finishReason,
+              stop_reason: null,
+              token_ids: [...r.tokens],
+              ...(body["return_token_ids"] === true ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
+              policy_version_first: r.policyVersionFirst,
+              policy_version_last: r.policyVersionLast
+            }))
+            return HttpServerResponse.jsonUnsafe({
+              id: `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
+              object: "text_completion",
+              created,
+              model: modelName,
+              choices,
+              usage: usage(
+                requests.reduce((n, r) => n + r.promptIds.length, 0),
+                results.reduce((n, r) => n + r.tokens.length, 0)
+              )
+            })
+          })
+        )
+      )
+
+      yield* router.add("POST", "/v1/chat/completions", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const body = yield* readJsonBody(request)
+            if (body["stream"] === true) return yield* fail(`"stream" is not supported`)
+            const messages = yield* readMessages(body)
+            const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : undefined
+            const toolsOffered = tools !== undefined && tools.length > 0 && body["tool_choice"] !== "none"
+            const promptIds = yield* Effect.try({
+              try: () =>
+                tokenizer.applyChatTemplateIds(messages, {
+                  addGenerationPrompt: true,
+                  ...(tools !== undefined && tools.length > 0 ? { tools } : {}),
+                  ...(typeof body["chat_template_kwargs"] === "object" && body["chat_template_kwargs"] !== null
+                    ? (body["chat_template_kwargs"] as Json)
+                    : {})
+                }),
+              catch: (cause) => new BadRequest(cause instanceof Error ? cause.message : "chat template failed")
+            })
+            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"])
+            const requests = yield* requestsOf([promptIds], sampling)
+            const results = yield* generateAll(engine, requests)
+            const created = yield* secondsNow
+            const eos = new Set(tokenizer.eosIds)
+            const choices = results.map((r, index) => {
+              // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
+              const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
+              const { message, finishReason } = chatMessage(tokenizer.decode(visible), toolsOffered)
+              return {
+                index,
+                message,
+                logprobs:
+                  body["logprobs"] === true
+                    ? {
+                        content: r.tokens.map((id, i) => ({
+                          token: tokenizer.decode([id]),
+                          logprob: r.logprobs[i]!,
+                          top_logprobs: []
+                        }))
+                      }
+                    : null,
+                finish_reason: finishReason ?? r.finishReason,
+                stop_reason: null,
+                token_ids: [...r.tokens],
+                policy_version_first: r.policyVersionFirst,
+                policy_version_last: r.policyVersionLast
+              }
+            })
+            return HttpServerResponse.jsonUnsafe({
+              id: `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
+              object: "chat.completion",
+              created,
+              model: modelName,
+              choices,
+              prompt_token_ids: promptIds,
+              usage: usage(
+                promptIds.length * requests.length,
+                results.reduce((n, r) => n + r.tokens.length, 0)
+              )
+            })
+          })
+        )
+      )
+
+      yield* router.add("POST", "/v1/weights", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const token = options.weightToken
+            if (token === undefined) {
+              return yield* fail("weight updates are disabled: the server was started without a token", 403)
+            }
+            if (!authorised(request, token)) return yield* fail("missing or wrong bearer token", 401)
+            const header = yield* Effect.mapError(
+              WeightUpload.readHeaders(request.headers),
+              (message) => new BadRequest(message)
+            )
+            const bytes = yield* request.arrayBuffer.pipe(
+              Effect.mapError(() => new BadRequest("cannot read the request body"))
+            )
+            const received = yield* Effect.mapError(
+              Effect.try({
+                try: () => uploads.add(header, new Uint8Array(bytes)),
+                catch: (cause) => (cause instanceof Error ? cause.message : String(cause))
+              }),
+              (message) => new BadRequest(message, message.includes("exceeds") ? 413 : 400)
+            )
+            if (received.complete === undefined) {
+              return HttpServerResponse.jsonUnsafe({
+                applied: false,
+                version: header.version,
+                received: received.chunks,
+                of: header.chunkCount
+              })
+            }
+            const snapshot = yield* Effect.try({
+              try: () => snapshotOf(header.version, received.complete!),
+              catch: (cause) => new BadRequest(cause instanceof Error ? cause.message : String(cause))
+            })
+            const current = yield* engine.version
+            if (snapshot.version < current) {
+              return yield* fail(`version ${snapshot.version} is older than the engine's ${current}`, 409)
+            }
+            yield* engine.updateWeights(snapshot).pipe(Effect.mapError(fromInferenceError))
+            return HttpServerResponse.jsonUnsafe({
+              applied: true,
+              version: snapshot.version,
+              bytes: received.complete!.byteLength,
+              tensors: snapshot.names.length
+            })
+          })
+        )
+      )
+    })
+  )
+
+/** Safetensors bytes → snapshot (an empty body: a version-only update). */
+const snapshotOf = (version: number, bytes: Uint8Array): WeightSnapshot.WeightSnapshot => {
+  if (bytes.byteLength === 0) {
+    return WeightSnapshot.make({ version: PolicyVersion.make(version), names: [], shapes: [], data: [] })
+  }
+  const decoded = Safetensors.decode(bytes, "upload")
+  const names = [...decoded.tensors.keys()]
+  return WeightSnapshot.make({
+    version: PolicyVersion.make(version),
+    names,
+    shapes: names.map((n) => decoded.tensors.get(n)!.shape),
+    data: names.map((n) => decoded.tensors.get(n)!.data)
+  })
+}
+
+/** The routes served by an HttpServer in context (NodeHttpServer.layer in `serve`, port 0 in tests). */
+export const layer = (options: ServerOptions) => HttpRouter.serve(routes(options), { disableLogger: true })

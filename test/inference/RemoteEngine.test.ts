@@ -1,0 +1,269 @@
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { NodeServices } from "@effect/platform-node"
+import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import { FetchHttpClient } from "effect/http"
+import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as ServeCommand from "../../src/cli/ServeCommand.ts"
+import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
+import { InferenceEngine, type SamplingParams } from "../../src/inference/InferenceEngine.ts"
+import * as OpenAiServer from "../../src/inference/OpenAiServer.ts"
+import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
+import * as Checkpoint from "../../src/model/Checkpoint.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Sampling from "../../src/model/Sampling.ts"
+import * as Snapshot from "../../src/model/Snapshot.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
+import * as HttpWeightSync from "../../src/sync/HttpWeightSync.ts"
+import { WeightSync } from "../../src/sync/WeightSync.ts"
+import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
+import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
+
+const config = ModelConfig.fromInit({
+  architecture: "qwen3",
+  vocab_size: 320, // the byte tokenizer's
+  hidden_size: 32,
+  intermediate_size: 48,
+  num_hidden_layers: 2,
+  num_attention_heads: 4,
+  num_key_value_heads: 2,
+  rope_theta: 10000,
+  rms_norm_eps: 1e-6,
+  max_position_embeddings: 128,
+  tie_word_embeddings: true
+})
+const token = "s3cret-token"
+const greedy = (maxNewTokens: number): SamplingParams => ({ ...Sampling.defaultParams, temperature: 0, maxNewTokens })
+
+/** A checkpoint directory (seed 11 weights + byte tokenizer) served on a free loopback port for the scope. */
+const withServer = <A, E, R>(body: (url: string, dir: string) => Effect.Effect<A, E, R>) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
+      const dir = yield* Effect.acquireRelease(
+        Effect.promise(() => fs.mkdtemp(path.join(os.tmpdir(), "serve-test-"))),
+        (d) => Effect.promise(() => fs.rm(d, { recursive: true, force: true }))
+      )
+      const model = Transformer.init(config, 11, 0.3)
+      yield* Effect.promise(() => Checkpoint.save(model, dir))
+      Transformer.dispose(model)
+      yield* AutoTokenizer.save(ByteTokenizer.make(), dir).pipe(Effect.provide(NodeServices.layer), Effect.orDie)
+      const url = yield* ServeCommand.start({ model: dir, host: "127.0.0.1", port: 0, token, modelName: "tiny" }).pipe(
+        Effect.provide(NodeServices.layer),
+        Effect.orDie
+      )
+      return yield* body(url, dir)
+    })
+  )
+
+/** Greedy tokens of seed `seed`'s weights, sampled in this process. */
+const localGreedy = (seed: number, prompt: ReadonlyArray<number>, n: number) =>
+  Effect.promise(async () => {
+    const model = Transformer.init(config, seed, 0.3)
+    const [c] = await Sampling.generate(model, [{ promptIds: prompt, sampling: greedy(n) }])
+    Transformer.dispose(model)
+    return c!
+  })
+
+/** The parts of a completions response the tests read. */
+interface CompletionBody {
+  readonly choices: ReadonlyArray<{
+    readonly index: number
+    readonly token_ids: ReadonlyArray<number>
+    readonly finish_reason: string
+    readonly logprobs: { readonly tokens: ReadonlyArray<string> } & Record<string, unknown>
+    readonly message: { readonly role: string }
+  }>
+  readonly usage: { readonly prompt_tokens: number }
+  readonly prompt_token_ids: ReadonlyArray<number>
+}
+
+const post = (url: string, body: unknown, headers: Record<string, string> = {}) =>
+  Effect.promise(async () => {
+    const res = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...headers },
+      body: JSON.stringify(body)
+    })
+    return { status: res.status, body: (await res.json()) as CompletionBody }
+  })
+
+describe("serve + RemoteEngine", () => {
+  it.live("generates token ids with log-probs over HTTP, as the same weights do in process", () =>
+    withServer((url) =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const prompt = [72, 105, 33]
+        const [result] = yield* engine.generate([{ promptIds: prompt, sampling: greedy(8) }])
+        const expected = yield* localGreedy(11, prompt, 8)
+        assert.deepStrictEqual(result!.tokens, expected.tokens)
+        assert.strictEqual(result!.logprobs.length, 8)
+        result!.logprobs.forEach((lp, i) => assert.closeTo(lp, expected.logprobs[i]!, 1e-4))
+        assert.deepStrictEqual(
+          [result!.finishReason, result!.policyVersionFirst, result!.policyVersionLast],
+          ["length", 0, 0]
+        )
+      }).pipe(Effect.provide(RemoteEngine.layer({ url, model: "tiny", weightToken: token })))
+    )
+  )
+
+  it.live("a weight update over HTTP changes greedy decoding and the reported version", () =>
+    withServer((url) =>
+      Effect.gen(function* () {
+        const engine = yield* InferenceEngine
+        const sync = yield* WeightSync
+        const prompt = [1, 2, 3, 4]
+        const before = yield* engine.generate([{ promptIds: prompt, sampling: greedy(10) }])
+        const other = Transformer.init(config, 12, 0.3)
+        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(1))
+        Transformer.dispose(other)
+        const timings: Array<HttpWeightSync.SyncTiming> = []
+        yield* HttpWeightSync.make({ url, token, chunkBytes: 4096, onSynced: (t) => timings.push(t) }).pipe(
+          Effect.flatMap((s) => s.publish({ version: PolicyVersion.make(1), snapshot: Effect.succeed(snapshot) })),
+          Effect.provide(FetchHttpClient.layer)
+        )
+        const after = yield* engine.generate([{ promptIds: prompt, sampling: greedy(10) }])
+        const expected = yield* localGreedy(12, prompt, 10)
+        assert.deepStrictEqual(after[0]!.tokens, expected.tokens)
+        assert.notDeepEqual(after[0]!.tokens, before[0]!.tokens)
+        assert.deepStrictEqual([after[0]!.policyVersionFirst, after[0]!.policyVersionLast], [1, 1])
+        assert.strictEqual(yield* engine.version, 1)
+        // 2 layers of d=32 plus a 320×32 embedding, in 4 KiB chunks
+        assert.isAbove(timings[0]!.chunks, 10)
+        assert.strictEqual(sync.kind, "http")
+        const health = yield* Effect.promise(() => fetch(`${url}/health`).then((r) => r.json()))
+        assert.deepStrictEqual(health, { status: "ok", policy_version: 1 })
+      }).pipe(
+        Effect.provide(HttpWeightSync.layer({ url, token })),
+        Effect.provide(RemoteEngine.layer({ url, model: "tiny" }))
+      )
+    )
+  )
+
+  it.live("the weight endpoint refuses a missing or wrong token with 401 and keeps the weights", () =>
+    withServer((url) =>
+      Effect.gen(function* () {
+        const missing = yield* Effect.promise(() => fetch(`${url}/v1/weights`, { method: "POST", body: "x" }))
+        assert.strictEqual(missing.status, 401)
+        const other = Transformer.init(config, 12, 0.3)
+        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(3))
+        Transformer.dispose(other)
+        const wrong = yield* HttpWeightSync.upload({ url, token: "wrong" }, snapshot).pipe(
+          Effect.provide(FetchHttpClient.layer),
+          Effect.flip
+        )
+        assert.include(wrong.message, "HTTP 401")
+        const health = yield* Effect.promise(() => fetch(`${url}/health`).then((r) => r.json()))
+        assert.deepStrictEqual(health, { status: "ok", policy_version: 0 })
+      })
+    )
+  )
+
+  it.live("completions take text and batched token-id prompts and answer in vLLM's shape", () =>
+    withServer((url) =>
+      Effect.gen(function* () {
+        const text = yield* post(`${url}/v1/completions`, {
+          model: "tiny",
+          prompt: "Hi",
+          max_tokens: 3,
+          temperature: 0,
+          logprobs: 0,
+          ignore_eos: true
+        })
+        assert.strictEqual(text.status, 200)
+        const choice = text.body.choices[0]
+        assert.deepStrictEqual(Object.keys(choice.logprobs).sort(), [
+          "text_offset",
+          "token_logprobs",
+          "tokens",
+          "top_logprobs"
+        ])
+        assert.strictEqual(choice.token_ids.length, 3)
+        assert.strictEqual(text.body.usage.prompt_tokens, 2) // "H", "i": no bos in the byte tokenizer
+        const batch = yield* post(`${url}/v1/completions`, {
+          model: "tiny",
+          prompt: [[1, 2], [3]],
+          n: 2,
+          max_tokens: 2,
+          seed: 5,
+          logprobs: 0,
+          return_tokens_as_token_ids: true,
+          ignore_eos: true
+        })
+        assert.deepStrictEqual(
+          batch.body.choices.map((c) => c.index),
+          [0, 1, 2, 3]
+        )
+        const c0 = batch.body.choices[0]!
+        assert.deepStrictEqual(
+          c0.logprobs.tokens,
+          c0.token_ids.map((id) => `token_id:${id}`)
+        )
+        // what RemoteEngine reads from it
+        const read = RemoteEngine.readChoice({ choices: [c0] })
+        assert.deepStrictEqual(typeof read === "string" ? read : read.tokens, c0.token_ids)
+        const bad = yield* post(`${url}/v1/completions`, { model: "tiny", prompt: [] })
+        assert.strictEqual(bad.status, 400)
+        const models = yield* Effect.promise(
+          () =>
+            fetch(`${url}/v1/models`).then((r) => r.json()) as Promise<{
+              data: ReadonlyArray<{ id: string; max_model_len: number }>
+            }>
+        )
+        assert.strictEqual(models.data[0]!.id, "tiny")
+        assert.strictEqual(models.data[0]!.max_model_len, 128)
+      })
+    )
+  )
+
+  it.live("chat completions render the template with tools and answer with a message", () =>
+    withServer((url) =>
+      Effect.gen(function* () {
+        const res = yield* post(`${url}/v1/chat/completions`, {
+          model: "tiny",
+          messages: [{ role: "user", content: "add 2 and 3" }],
+          tools: [{ type: "function", function: { name: "add", parameters: { type: "object" } } }],
+          max_tokens: 4,
+          temperature: 0
+        })
+        assert.strictEqual(res.status, 200)
+        assert.strictEqual(res.body.choices[0].message.role, "assistant")
+        assert.include(["stop", "length", "tool_calls"], res.body.choices[0].finish_reason)
+        assert.isAbove(res.body.prompt_token_ids.length, 10)
+      })
+    )
+  )
+
+  it.live("an unreachable server is a retryable InferenceError", () =>
+    Effect.gen(function* () {
+      const engine = yield* InferenceEngine
+      const e = yield* engine.generate([{ promptIds: [1], sampling: greedy(2) }]).pipe(Effect.flip)
+      assert.strictEqual(e.reason, "Unreachable")
+      assert.isTrue(e.isRetryable)
+    }).pipe(Effect.provide(RemoteEngine.layer({ url: "http://127.0.0.1:9", model: "m", maxRetries: 0 })))
+  )
+})
+
+describe("OpenAiServer.chatMessage", () => {
+  it("returns a hermes tool call in the text as tool_calls, with the text before it as content", () => {
+    const text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    const { message, finishReason } = OpenAiServer.chatMessage(text, true)
+    assert.strictEqual(finishReason, "tool_calls")
+    assert.deepStrictEqual(message, {
+      role: "assistant",
+      content: "Let me add.",
+      tool_calls: [{ id: "call_0", type: "function", function: { name: "add", arguments: '{"a":2,"b":3}' } }]
+    })
+  })
+
+  it("leaves text without calls, or a request without tools, as plain content", () => {
+    assert.deepStrictEqual(OpenAiServer.chatMessage("5", true), {
+      message: { role: "assistant", content: "5" },
+      finishReason: undefined
+    })
+    const call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    assert.deepStrictEqual(OpenAiServer.chatMessage(call, false).message, { role: "assistant", content: call })
+  })
+})
