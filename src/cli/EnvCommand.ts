@@ -22,6 +22,7 @@ import * as ToolIo from "../env/ToolIo.ts"
 import * as TauDb from "../env/tau/Db.ts"
 import * as Hash from "../env/tau/Hash.ts"
 import * as TauEnv from "../env/tau/TauEnv.ts"
+import * as UserLlm from "../env/tau/UserLlm.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 const userError = (message: string) => new CliError.UserError({ cause: new Error(message), userMessage: message })
@@ -151,7 +152,10 @@ const check = Command.make(
           row.env_class === TauEnv.envClass
             ? yield* tau === undefined
                 ? Effect.fail(userError("tau_bench rows need environment.tau in the config or --data"))
-                : TauEnv.check(row, tau).pipe(Effect.mapError((e) => userError(e.message)))
+                : TauEnv.check(row, tau).pipe(
+                    Effect.provide(UserLlm.layerNone), // the check replays actions with the scripted user
+                    Effect.mapError((e) => userError(e.message))
+                  )
             : yield* checkMcpRow(row, c)
         const want = expected.get(`${split}/${taskId}`)
         if (want !== undefined && want !== outcome.hash) mismatched++
