@@ -17,12 +17,17 @@
  *   whose weights have already changed in place.
  * - Versions never go backwards (a defect).
  * `pause` holds the scheduler before its next decode step; `resume` releases it; updates apply while paused.
+ *
+ * Prefix caching: a finished request's keys/values are kept (model/PrefixCache.ts, `prefixCacheBytes`), so the next
+ * turn of a multi-turn episode (previous prompt + response + tool output) prefills only its new tokens. Cached
+ * prefixes are dropped when the weights change, and only rows generated entirely on the current weights are kept.
  */
 import { Deferred, Effect, Latch, Layer } from "effect"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
 import * as KvCache from "../model/KvCache.ts"
+import * as PrefixCache from "../model/PrefixCache.ts"
 import * as Sampling from "../model/Sampling.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
@@ -38,6 +43,13 @@ export interface LocalEngineOptions {
   readonly maxBatch?: number
   /** See model/Sampling.ts. Default "processed". */
   readonly logprobsMode?: "processed" | "raw"
+  /**
+   * Budget for prefix caching (model/PrefixCache.ts) in bytes of keys/values; 0 turns it off. Default 256 MiB.
+   * Entries are dropped whenever the weights change.
+   */
+  readonly prefixCacheBytes?: number
+  /** Counters for tests and metrics: tokens run through prefill, and prompt tokens served from the prefix cache. */
+  readonly stats?: { prefilledTokens: number; reusedTokens: number }
 }
 
 const engineName = "local"
@@ -80,6 +92,9 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   let running: Array<Running> = []
   let cache: KvCache.KvCache | undefined
   let waiting: Array<Submission> = []
+  const prefixBytes = options.prefixCacheBytes ?? 256 * 2 ** 20
+  const prefixCache = prefixBytes > 0 ? PrefixCache.make(prefixBytes) : undefined
+  const stats = options.stats ?? { prefilledTokens: 0, reusedTokens: 0 }
   const work = yield* Latch.make(false) // open while there is something to do
   const notPaused = yield* Latch.make(true)
 
@@ -121,6 +136,64 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   }
 
   /** One scheduler iteration (synchronous tensor work). Returns the submissions that completed. */
+  /** Keep a finished row's keys/values (all its tokens but the last, which never entered the cache) for reuse. */
+  const remember = (entry: Running, from: KvCache.KvCache, index: number) => {
+    if (prefixCache === undefined || !entry.row.versions.every((w) => w === version)) return
+    const tokens = [...entry.row.request.promptIds, ...entry.row.tokens.slice(0, -1)]
+    prefixCache.store(tokens, KvCache.trim(KvCache.copyRows(from, [index])))
+  }
+
+  /** Sample each stepped row's token; returns the indices of rows that continue. */
+  const sampleRows = (
+    entries: ReadonlyArray<Running>,
+    stepped: KvCache.Stepped,
+    v: number,
+    finished: Array<Submission>
+  ) => {
+    const V = stepped.logits.length / entries.length
+    const keep: Array<number> = []
+    entries.forEach((entry, i) => {
+      const token = Sampling.advance(
+        entry.row,
+        stepped.logits.subarray(i * V, (i + 1) * V),
+        v,
+        maxContext,
+        sampleOptions
+      )
+      if (settle(entry, token, finished)) keep.push(i)
+      else remember(entry, stepped.cache, i)
+    })
+    return keep
+  }
+
+  /** Prefill admitted rows: from scratch, or continuing a cached prefix. Returns their cache, rows in `order`. */
+  const prefillAdmitted = (admitted: ReadonlyArray<Running>) => {
+    const hits = admitted.map((a) => prefixCache?.lookup(a.row.request.promptIds))
+    const fresh = admitted.flatMap((a, i) => (hits[i] === undefined ? [a] : []))
+    const reused = admitted.flatMap((a, i) => (hits[i] === undefined ? [] : [{ entry: a, hit: hits[i]! }]))
+    const parts: Array<{ readonly entries: ReadonlyArray<Running>; readonly stepped: KvCache.Stepped }> = []
+    if (fresh.length > 0) {
+      parts.push({
+        entries: fresh,
+        stepped: KvCache.prefill(
+          model,
+          currentView(),
+          fresh.map((a) => a.row.request.promptIds)
+        )
+      })
+      stats.prefilledTokens += fresh.reduce((n, a) => n + a.row.request.promptIds.length, 0)
+    }
+    if (reused.length > 0) {
+      const past = reused.map((r) => r.hit.cache).reduce((a, b) => KvCache.merge(a, b))
+      const suffixes = reused.map((r) => r.entry.row.request.promptIds.slice(r.hit.length))
+      parts.push({ entries: reused.map((r) => r.entry), stepped: KvCache.append(model, currentView(), past, suffixes) })
+      stats.prefilledTokens += suffixes.reduce((n, s) => n + s.length, 0)
+      stats.reusedTokens += reused.reduce((n, r) => n + r.hit.length, 0)
+    }
+    return parts
+  }
+
+  /** One scheduler iteration (synchronous tensor work). Returns the submissions that completed. */
   const iterate = (): Array<Submission> => {
     const finished: Array<Submission> = []
     const v = version
@@ -136,19 +209,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
         running.map((r) => r.pending)
       )
       cache = stepped.cache
-      const V = stepped.logits.length / running.length
-      const keep: Array<number> = []
-      running.forEach((entry, i) => {
-        const token = Sampling.advance(
-          entry.row,
-          stepped.logits.subarray(i * V, (i + 1) * V),
-          v,
-          maxContext,
-          sampleOptions
-        )
-        if (settle(entry, token, finished)) keep.push(i)
-      })
-      keepRows(keep)
+      keepRows(sampleRows(running, stepped, v, finished))
     }
     // (2) admit waiting requests while there is room
     const admitted: Array<Running> = []
@@ -161,35 +222,15 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
         if (row.finishReason === undefined) admitted.push({ row, submission, pending: -1 })
       }
     }
-    if (admitted.length > 0) {
-      const stepped = KvCache.prefill(
-        model,
-        currentView(),
-        admitted.map((a) => a.row.request.promptIds)
-      )
-      const V = stepped.logits.length / admitted.length
-      const keep: Array<number> = []
-      admitted.forEach((entry, i) => {
-        const token = Sampling.advance(
-          entry.row,
-          stepped.logits.subarray(i * V, (i + 1) * V),
-          v,
-          maxContext,
-          sampleOptions
-        )
-        if (settle(entry, token, finished)) keep.push(i)
-      })
-      const fresh =
-        keep.length === admitted.length
-          ? stepped.cache
-          : keep.length > 0
-            ? KvCache.select(stepped.cache, keep)
-            : undefined
-      if (keep.length === 0) KvCache.dispose(stepped.cache)
-      if (fresh !== undefined) {
-        cache = cache === undefined ? fresh : KvCache.merge(cache, fresh)
-        running = [...running, ...keep.map((i) => admitted[i]!)]
+    for (const { entries, stepped } of prefillAdmitted(admitted)) {
+      const keep = sampleRows(entries, stepped, v, finished)
+      if (keep.length === 0) {
+        KvCache.dispose(stepped.cache)
+        continue
       }
+      const joined = keep.length === entries.length ? stepped.cache : KvCache.select(stepped.cache, keep)
+      cache = cache === undefined ? joined : KvCache.merge(cache, joined)
+      running = [...running, ...keep.map((i) => entries[i]!)]
     }
     return finished
   }
@@ -228,6 +269,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       if (cache !== undefined) KvCache.dispose(cache)
       cache = undefined
       dropView()
+      prefixCache?.clear()
     })
   )
 
@@ -289,7 +331,8 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       return Effect.try({
         try: () => {
           if (snapshot.names.length > 0) Snapshot.load(model, snapshot)
-          dropView() // new weights (even at the same version): the fused view is stale
+          dropView() // new weights (even at the same version): the fused view and cached prefixes are stale
+          prefixCache?.clear()
           version = snapshot.version
         },
         catch: (cause) =>

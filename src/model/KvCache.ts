@@ -134,8 +134,15 @@ export const extend = (
   }
 }
 
-/** Keep only `rows` (in that order), e.g. when some requests finished. Disposes the old cache's tensors. */
+/** Keep only `rows` (in that order, repeats allowed), e.g. when some requests finished. Disposes the old tensors. */
 export const select = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => {
+  const selected = copyRows(cache, rows)
+  dispose(cache)
+  return selected
+}
+
+/** A new cache of these rows (in that order, repeats allowed); the input stays valid. */
+export const copyRows = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => {
   const L = cache.length
   const layers = tf.tidy(() => {
     const index = tf.tensor1d(Int32Array.from(rows), "int32")
@@ -146,7 +153,6 @@ export const select = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => 
   })
   const keyMask = new Uint8Array(rows.length * L)
   rows.forEach((r, i) => keyMask.set(cache.keyMask.subarray(r * L, (r + 1) * L), i * L))
-  dispose(cache)
   return {
     layers,
     keyMask,
@@ -244,3 +250,86 @@ export const trim = (cache: KvCache): KvCache => {
   dispose(cache)
   return { layers, keyMask, nextPosition: cache.nextPosition, batch: cache.batch, length: keep }
 }
+
+/**
+ * A copy of a one-row cache holding only its first `tokens` real tokens (leading padding dropped): the reusable part
+ * of a cached prefix. The input stays valid.
+ */
+export const prefixOf = (cache: KvCache, tokens: number): KvCache => {
+  if (cache.batch !== 1) throw new Error("KvCache.prefixOf: expects one row")
+  let seen = 0
+  let first = -1
+  let end = 0
+  for (let j = 0; j < cache.length && seen < tokens; j++) {
+    if (cache.keyMask[j]! > 0) {
+      if (first < 0) first = j
+      seen++
+      end = j + 1
+    }
+  }
+  if (seen < tokens) throw new Error(`KvCache.prefixOf: the cache holds ${seen} tokens, asked for ${tokens}`)
+  const length = end - first
+  const layers = cache.layers.map((c) =>
+    tf.tidy(() => ({
+      keysT: tf.slice(c.keysT, [0, 0, 0, first], [-1, -1, -1, length]) as tf.Tensor4D,
+      values: tf.slice(c.values, [0, 0, first, 0], [-1, -1, length, -1]) as tf.Tensor4D
+    }))
+  )
+  return { layers, keyMask: cache.keyMask.slice(first, end), nextPosition: Int32Array.of(tokens), batch: 1, length }
+}
+
+/**
+ * Append a ragged block of tokens per row (each non-empty; left-padded here, the padding masked out) and return the
+ * logits after each row's last token: how a cached prefix is continued with the rest of a new prompt. Disposes the old
+ * cache's tensors.
+ */
+export const append = (
+  model: Transformer.Transformer,
+  view: Transformer.WeightView,
+  cache: KvCache,
+  suffixes: ReadonlyArray<ReadonlyArray<number>>
+): Stepped => {
+  const B = cache.batch
+  if (suffixes.length !== B || suffixes.some((s) => s.length === 0))
+    throw new Error("KvCache.append: one non-empty block per row")
+  const S = Math.max(...suffixes.map((s) => s.length))
+  const L = cache.length + S
+  const ids = new Int32Array(B * S)
+  const positions = new Int32Array(B * S)
+  const keyMask = new Uint8Array(B * L)
+  suffixes.forEach((suffix, b) => {
+    keyMask.set(cache.keyMask.subarray(b * cache.length, (b + 1) * cache.length), b * L)
+    const pad = S - suffix.length
+    suffix.forEach((id, t) => {
+      ids[b * S + pad + t] = id
+      positions[b * S + pad + t] = cache.nextPosition[b]! + t
+      keyMask[b * L + cache.length + pad + t] = 1
+    })
+  })
+  const out = tf.tidy(() => {
+    const step = Transformer.step(model, view, {
+      ids: tf.tensor2d(ids, [B, S], "int32"),
+      keyMask,
+      positions,
+      past: cache.layers
+    })
+    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+  })
+  dispose(cache)
+  const logits = lastLogits(view, out.hidden, B, S)
+  out.hidden.dispose()
+  return {
+    cache: {
+      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      keyMask,
+      nextPosition: cache.nextPosition.map((p, b) => p + suffixes[b]!.length),
+      batch: B,
+      length: L
+    },
+    logits
+  }
+}
+
+/** Bytes the cache's tensors hold. */
+export const byteSize = (cache: KvCache): number =>
+  cache.layers.reduce((n, c) => n + 4 * (c.keysT.size + c.values.size), 0)

@@ -26,14 +26,17 @@ const config = ModelConfig.fromInit({
 const greedy = (maxNewTokens: number): SamplingParams => ({ ...Sampling.defaultParams, temperature: 0, maxNewTokens })
 
 /** A fresh engine over a fresh model, the model disposed with the scope. */
-const withEngine = <A, E>(body: (model: Transformer.Transformer) => Effect.Effect<A, E, InferenceEngine>) =>
+const withEngine = <A, E>(
+  body: (model: Transformer.Transformer) => Effect.Effect<A, E, InferenceEngine>,
+  options: Partial<LocalEngine.LocalEngineOptions> = {}
+) =>
   Effect.gen(function* () {
     yield* TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })
     const model = yield* Effect.acquireRelease(
       Effect.sync(() => Transformer.init(config, 11, 0.3)),
       (m) => Effect.sync(() => Transformer.dispose(m))
     )
-    return yield* body(model).pipe(Effect.provide(LocalEngine.layer({ model, maxBatch: 2 })))
+    return yield* body(model).pipe(Effect.provide(LocalEngine.layer({ model, maxBatch: 2, ...options })))
   })
 
 /** Let other fibers and the engine's decode steps run (the engine yields to the event loop between steps). */
@@ -191,5 +194,52 @@ describe("LocalEngine", () => {
       yield* turns(3) // the scheduler drops the interrupted row on its next iteration, or the finalizer frees it
       assert.strictEqual(tf.memory().numTensors, before)
     })
+  )
+
+  it.live(
+    "the next turn reuses the previous turn's keys/values (prefix cache) and samples exactly as from scratch",
+    () => {
+      const stats = { prefilledTokens: 0, reusedTokens: 0 }
+      return withEngine(
+        (model) =>
+          Effect.gen(function* () {
+            const engine = yield* InferenceEngine
+            const sampled = (seed: number, n: number): SamplingParams => ({
+              ...Sampling.defaultParams,
+              temperature: 1,
+              maxNewTokens: n,
+              seed
+            })
+            const prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+            const [turn1, other] = yield* engine.generate([
+              { promptIds: prompt, sampling: greedy(5) },
+              { promptIds: [30, 31, 32, 33, 34], sampling: sampled(4, 3) }
+            ])
+            assert.strictEqual(stats.reusedTokens, 0)
+            // turn 2 = prompt + response + "tool output"; a second row continues the other request
+            const next = [
+              { promptIds: [...prompt, ...turn1!.tokens, 20, 21, 22], sampling: sampled(9, 6) },
+              { promptIds: [30, 31, 32, 33, 34, ...other!.tokens, 23], sampling: greedy(4) },
+              { promptIds: [5, 5, 5], sampling: greedy(2) }
+            ]
+            const turn2 = yield* engine.generate(next)
+            assert.strictEqual(stats.reusedTokens, prompt.length + 4 + 5 + 2) // all but each response's last token
+            const fromScratch = yield* Effect.promise(() => Sampling.generate(model, next))
+            assert.deepStrictEqual(
+              turn2.map((r) => r.tokens),
+              fromScratch.map((c) => c.tokens)
+            )
+            turn2.forEach((r, i) =>
+              r.logprobs.forEach((lp, t) => assert.approximately(lp, fromScratch[i]!.logprobs[t]!, 1e-4))
+            )
+            // new weights invalidate every cached prefix
+            yield* engine.updateWeights({ version: PolicyVersion.make(1), names: [], shapes: [], data: [] })
+            const reusedBefore = stats.reusedTokens
+            yield* engine.generate([{ promptIds: [...next[0]!.promptIds, ...turn2[0]!.tokens], sampling: greedy(2) }])
+            assert.strictEqual(stats.reusedTokens, reusedBefore)
+          }),
+        { stats }
+      )
+    }
   )
 })

@@ -256,3 +256,34 @@ describe("KvCache.merge / trim", () => {
     Transformer.disposeView(view)
   })
 })
+
+describe("PrefixCache", () => {
+  it("serves the longest cached prefix (keeping the prompt's last token to run), supersedes and evicts LRU", async () => {
+    const KvCache = await import("../../src/model/KvCache.ts")
+    const PrefixCache = await import("../../src/model/PrefixCache.ts")
+    const view = Transformer.inferenceView(model)
+    const before = tf.memory().numTensors
+    const cacheOf = (tokens: Array<number>) => KvCache.prefill(model, view, [tokens]).cache
+    const a = [1, 2, 3, 4, 5, 6]
+    const probe = cacheOf(a)
+    const perToken = KvCache.byteSize(probe) / a.length
+    KvCache.dispose(probe)
+    const prefixes = PrefixCache.make(perToken * 15)
+    prefixes.store(a, cacheOf(a))
+    prefixes.store([...a, 7, 8], cacheOf([...a, 7, 8])) // supersedes `a`
+    assert.strictEqual(prefixes.bytes(), perToken * 8)
+    const hit = prefixes.lookup([...a, 7, 8])! // capped at length − 1
+    assert.strictEqual(hit.length, 7)
+    assert.strictEqual(hit.cache.length, 7)
+    KvCache.dispose(hit.cache)
+    assert.isUndefined(prefixes.lookup([9, 9, 9, 9, 9, 9]))
+    prefixes.store([9, 9, 9, 9, 9, 9, 9, 9], cacheOf([9, 9, 9, 9, 9, 9, 9, 9])) // 16 tokens > 15: evicts the oldest
+    assert.isUndefined(prefixes.lookup([...a, 7, 8, 10]))
+    const nines = prefixes.lookup([9, 9, 9, 9, 9, 9, 9, 9, 1])!
+    assert.strictEqual(nines.length, 8)
+    KvCache.dispose(nines.cache)
+    prefixes.clear()
+    assert.strictEqual(tf.memory().numTensors, before)
+    Transformer.disposeView(view)
+  })
+})
