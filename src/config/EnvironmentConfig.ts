@@ -73,8 +73,9 @@ export const EnvironmentConfig = Schema.Struct({
   env_class: Schema.optionalKey(Schema.NonEmptyString), // used when a dataset row names none
   mcp_servers: Schema.Array(McpServerConfig).pipe(withDefault([])),
   tool_call_format: Schema.Literals(["auto", "hermes", "json", "xml", "react"]).pipe(withDefault("auto")),
-  // how tools are shown: system (JSON schema lines), compact (name(args): description), template (chat template)
-  tool_prompt: Schema.Literals(["system", "compact", "template"]).pipe(withDefault("system")),
+  // how tools are shown: system (JSON schema lines), compact (name(args): description), template (chat template),
+  // none (not shown: a policy fine-tuned on demonstrations of these tools)
+  tool_prompt: Schema.Literals(["system", "compact", "template", "none"]).pipe(withDefault("system")),
   max_result_chars: PositiveInt.pipe(withDefault(4096)),
   tool_io: Schema.Literals(["live", "record", "replay"]).pipe(withDefault("live")),
   replay_from: Schema.optionalKey(Schema.NonEmptyString), // episodes.jsonl whose tool results `replay` serves

@@ -35,9 +35,11 @@ export interface McpToolEnvOptions {
    * - `system`: a system message lists each tool's JSON schema, one per line;
    * - `compact`: a system message lists `name(arg, ...): description`, one per line (tiny byte-level models);
    * - `template`: no system text; `metadata.tools` goes to the chat template, which renders them its own way
-   *   (what a pretrained Qwen/Llama model was trained on).
+   *   (what a pretrained Qwen/Llama model was trained on);
+   * - `none`: the tools are not shown at all (a policy fine-tuned on demonstrations of these tools already knows them:
+   *   the quickstart's tiny byte-level policy, whose every prompt byte costs compute).
    */
-  readonly toolPrompt?: "system" | "compact" | "template"
+  readonly toolPrompt?: "system" | "compact" | "template" | "none"
 }
 
 export const optionsFromConfig = (
@@ -122,6 +124,7 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
   const init = (prompt: ReadonlyArray<Message>): Effect.Effect<InitResult, EnvError> =>
     Effect.sync(() => {
       const style = options.toolPrompt ?? "system"
+      if (style === "none") return { messages: prompt, metadata: {} }
       return style === "template"
         ? { messages: prompt, metadata: { tools: functionTools(session.tools) } }
         : { messages: withSystem(prompt, systemPrompt(session.tools, format, style)), metadata: {} }

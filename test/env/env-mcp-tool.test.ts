@@ -89,6 +89,15 @@ layer(LiveEnvs, { excludeTestServices: true })("McpToolEnv (live toolbox, record
     })
   )
 
+  it.effect("toolPrompt none shows no tools at all", () =>
+    Effect.gen(function* () {
+      const env = yield* McpToolEnv.make(pensRow, { ...options, toolPrompt: "none" })
+      const { messages, metadata } = yield* env.init(pensRow.prompt)
+      assert.deepStrictEqual(messages, pensRow.prompt)
+      assert.isUndefined(metadata.tools)
+    })
+  )
+
   it.effect("toolPrompt compact lists one `name(args): description` line per tool", () =>
     Effect.gen(function* () {
       const env = yield* McpToolEnv.make(pensRow, { ...options, toolPrompt: "compact" })
