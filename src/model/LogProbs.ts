@@ -26,6 +26,11 @@ export interface Options {
   readonly fusedAbove?: number
   /** Rows per chunk in the fused head (default: as many as fit 2²⁴ logits). */
   readonly chunkRows?: number
+  /**
+   * [B, T] aligned with the ids (e.g. the loss mask): compute log-probs (and entropy) only where it is 1, 0 elsewhere.
+   * The LM head then runs on those positions alone, which is most of the cost with a large vocabulary.
+   */
+  readonly only?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
 }
 
 export interface TokenLogProbs {
@@ -154,17 +159,39 @@ export const ofSequences = (
         ? { logprobs: zeros, entropy: tf.zeros([B, T]) as tf.Tensor2D }
         : { logprobs: zeros }
     }
-    const N = B * (T - 1)
-    const h = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, 0, 0], [B, T - 1, D]), [N, D]) as tf.Tensor2D // [N, D], drops the last position
+    const rows = B * (T - 1)
+    let h = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, 0, 0], [B, T - 1, D]), [rows, D]) as tf.Tensor2D // [B·(T−1), D], drops the last position
+    let targets = tf.reshape(tf.slice(ids, [0, 1], [B, T - 1]), [rows]) as tf.Tensor1D // [B·(T−1)]
+    // with `only`, the head runs on the selected positions alone; `back` scatters their results into [B, T − 1]
+    let back: tf.Tensor1D | undefined
+    if (options.only !== undefined) {
+      const only = options.only instanceof tf.Tensor ? options.only.dataSync() : options.only.flat()
+      const selected: Array<number> = []
+      const backIndex = new Int32Array(rows) // 0 = not selected (a zero row), k + 1 = k-th selected
+      for (let b = 0; b < B; b++) {
+        for (let t = 1; t < T; t++) {
+          if (only[b * T + t]! > 0) {
+            selected.push(b * (T - 1) + t - 1)
+            backIndex[b * (T - 1) + t - 1] = selected.length
+          }
+        }
+      }
+      const index = tf.tensor1d(Int32Array.from(selected), "int32")
+      h = tf.gather(h, index) as tf.Tensor2D // [N, D]
+      targets = tf.gather(targets, index) as tf.Tensor1D // [N]
+      back = tf.tensor1d(backIndex, "int32")
+    }
+    const N = h.shape[0]
     const scaled = tau === 1 ? h : (tf.mul(h, 1 / tau) as tf.Tensor2D) // [N, D]
-    const targets = tf.reshape(tf.slice(ids, [0, 1], [B, T - 1]), [N]) as tf.Tensor1D // [N]
     const V = model.config.vocabSize
     const out =
       N * V > (options.fusedAbove ?? 2 ** 24)
         ? fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
         : fromLogits(Transformer.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]
-    const pad = (x: tf.Tensor1D): tf.Tensor2D =>
-      tf.concat([tf.zeros([B, 1]), tf.reshape(x, [B, T - 1])], 1) as tf.Tensor2D // [B, T]
+    const pad = (x: tf.Tensor1D): tf.Tensor2D => {
+      const full = back === undefined ? x : (tf.gather(tf.concat([tf.zeros([1]), x]), back) as tf.Tensor1D) // [B·(T−1)]
+      return tf.concat([tf.zeros([B, 1]), tf.reshape(full, [B, T - 1])], 1) as tf.Tensor2D // [B, T]
+    }
     return options.entropy === true && out.entropy !== undefined
       ? { logprobs: pad(out.logprobs), entropy: pad(out.entropy) }
       : { logprobs: pad(out.logprobs) }

@@ -134,4 +134,47 @@ describe("LogProbs fused head", () => {
     plain.g.forEach((g, k) => g.forEach((v, i) => assert.approximately(fused.g[k]![i]!, v, 1e-4)))
     Transformer.dispose(model)
   })
+
+  it("`only` computes the selected positions (plain and fused head) and zeros elsewhere, with matching gradients", () => {
+    const model = Transformer.init(config, 5, 0.5)
+    const input = {
+      ids: [
+        [0, 0, 5, 6, 7, 8],
+        [1, 2, 3, 4, 5, 29]
+      ],
+      attentionMask: [
+        [0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1]
+      ]
+    }
+    const only = [
+      [0, 0, 0, 1, 1, 0],
+      [0, 0, 0, 0, 1, 1]
+    ]
+    const vars = Transformer.trainableVariables(model)
+    const before = tf.memory().numTensors
+    const run = (options: LogProbs.Options) => {
+      const value = tf.tidy(() =>
+        Array.from(LogProbs.ofSequences(model, input, { ...options, entropy: true }).logprobs.dataSync())
+      )
+      const { value: loss, grads } = tf.variableGrads(() => {
+        const out = LogProbs.ofSequences(model, input, { ...options, entropy: true })
+        return tf.add(
+          tf.sum(tf.mul(out.logprobs, tf.tensor2d(only))),
+          tf.mul(0.1, tf.sum(tf.mul(out.entropy!, tf.tensor2d(only))))
+        ) as tf.Scalar
+      }, vars)
+      const g = vars.map((v) => Array.from(grads[v.name]!.dataSync()))
+      tf.dispose([loss, ...Object.values(grads)])
+      return { value, g }
+    }
+    const full = run({})
+    for (const options of [{ only }, { only, fusedAbove: 0, chunkRows: 2 }]) {
+      const part = run(options)
+      part.value.forEach((v, i) => assert.approximately(v, only.flat()[i] === 1 ? full.value[i]! : 0, 1e-5))
+      full.g.forEach((g, k) => g.forEach((v, i) => assert.approximately(part.g[k]![i]!, v, 1e-4)))
+    }
+    assert.strictEqual(tf.memory().numTensors, before)
+    Transformer.dispose(model)
+  })
 })
