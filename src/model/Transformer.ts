@@ -19,6 +19,10 @@
  *    (LoRA adapters merged), folds each RMSNorm weight into the rows of the matmul after it and 1/√hd into q, and
  *    norms + rotates q and k as one tensor: 239 kernels per decode step of the perf model instead of ~320.
  *
+ * Known cost: the two attention matmuls are batched ([B·Hkv] products), which stock wasm runs on its slow loop — about
+ * 40% of a train step of the perf model (profiled). `setAttentionMatmul("split")` unstacks them into 2-D matmuls, but
+ * wasm's Unpack/Slice make that slower still; native BatchMatMul kernels are the fix.
+ *
  * Legend: B batch, T new tokens, L cached + new tokens (keys), D hidden, H heads, Hkv KV heads, hd head dim, I MLP
  * width, V vocab.
  */
