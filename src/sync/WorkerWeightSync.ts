@@ -1,0 +1,88 @@
+/**
+ * Weight sync to a WorkerEngine (inference in a worker thread of this process) through shared memory.
+ *
+ * The `Board`: one SharedArrayBuffer per weight tensor (HF names and shapes, F32), allocated once when the engine
+ * starts and handed to the worker once. Publishing a version copies the trainer's weights into the board and posts
+ * only the version number (and which tensors changed); the worker copies them out into its own tfjs variables
+ * between two decode steps and acknowledges. The board is never written while the worker reads it: a publish waits
+ * for the worker's acknowledgement, and publishes are serialised. So no per-step copy of the model goes through
+ * postMessage (which would structured-clone every array), and the trainer never shares live tensors.
+ *
+ * The WeightSync service here hands each published snapshot to the engine in context (`updateWeights`), which for a
+ * WorkerEngine is the board write above; each sync's wall time goes to `onSynced` and the debug log.
+ */
+import { Clock, Effect, Layer } from "effect"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
+import { InferenceEngine } from "../inference/InferenceEngine.ts"
+import { WeightSync, WeightSyncError } from "./WeightSync.ts"
+
+/** What crosses to the worker once: plain data and shared buffers (structured-clonable, buffers shared not copied). */
+export interface Board {
+  readonly names: ReadonlyArray<string>
+  readonly shapes: ReadonlyArray<ReadonlyArray<number>>
+  readonly buffers: ReadonlyArray<SharedArrayBuffer>
+}
+
+/** One SharedArrayBuffer per tensor, holding `snapshot`'s weights. */
+export const allocate = (snapshot: WeightSnapshot.WeightSnapshot): Board => {
+  const buffers = snapshot.data.map((d) => {
+    const buffer = new SharedArrayBuffer(d.byteLength)
+    new Float32Array(buffer).set(d)
+    return buffer
+  })
+  return { names: [...snapshot.names], shapes: snapshot.shapes.map((s) => [...s]), buffers }
+}
+
+/**
+ * Copy a snapshot (all tensors or a subset) into the board; returns the indices written. Throws on an unknown name
+ * or a shape mismatch before writing anything.
+ */
+export const write = (board: Board, snapshot: WeightSnapshot.WeightSnapshot): Array<number> => {
+  const index = new Map(board.names.map((n, i) => [n, i]))
+  const indices = snapshot.names.map((name, i) => {
+    const at = index.get(name)
+    if (at === undefined) throw new Error(`weight ${name} is not on the board`)
+    const shape = board.shapes[at]!
+    const given = snapshot.shapes[i]!
+    if (shape.length !== given.length || shape.some((d, j) => d !== given[j])) {
+      throw new Error(`weight ${name} has shape [${given.join(", ")}], the board's is [${shape.join(", ")}]`)
+    }
+    return at
+  })
+  indices.forEach((at, i) => new Float32Array(board.buffers[at]!).set(snapshot.data[i]!))
+  return indices
+}
+
+/** The board's tensors at `indices` as a snapshot of private copies (the reader owns them; the board may change). */
+export const read = (board: Board, version: number, indices: ReadonlyArray<number>): WeightSnapshot.WeightSnapshot =>
+  WeightSnapshot.make({
+    version: PolicyVersion.make(version),
+    names: indices.map((i) => board.names[i]!),
+    shapes: indices.map((i) => board.shapes[i]!),
+    data: indices.map((i) => new Float32Array(board.buffers[i]!).slice())
+  })
+
+export interface WorkerWeightSyncOptions {
+  readonly onSynced?: (timing: { readonly version: number; readonly seconds: number }) => void
+}
+
+export const make = Effect.fnUntraced(function* (options: WorkerWeightSyncOptions = {}) {
+  const engine = yield* InferenceEngine
+  return WeightSync.of({
+    kind: "worker",
+    publish: Effect.fn("WorkerWeightSync.publish")(function* (update) {
+      const startedAt = yield* Clock.currentTimeMillis
+      const snapshot = yield* update.snapshot
+      yield* engine
+        .updateWeights(snapshot)
+        .pipe(Effect.mapError((e) => new WeightSyncError({ target: "worker engine", message: e.message })))
+      const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
+      options.onSynced?.({ version: snapshot.version, seconds })
+      yield* Effect.logDebug(`weight sync v${snapshot.version} to the worker in ${seconds}s`)
+    })
+  })
+})
+
+export const layer = (options: WorkerWeightSyncOptions = {}): Layer.Layer<WeightSync, never, InferenceEngine> =>
+  Layer.effect(WeightSync, make(options))
