@@ -37,7 +37,9 @@ export class InferenceEngine extends Context.Service<
   InferenceEngine,
   {
     /** Generate for a batch of requests. Results are in request order. */
-    readonly generate: (requests: ReadonlyArray<GenerateRequest>) => Effect.Effect<ReadonlyArray<GenerateResult>, InferenceError>
+    readonly generate: (
+      requests: ReadonlyArray<GenerateRequest>
+    ) => Effect.Effect<ReadonlyArray<GenerateResult>, InferenceError>
     /** Swap in new weights; requests in flight continue on them from their next decode step. */
     readonly updateWeights: (snapshot: WeightSnapshot) => Effect.Effect<void, InferenceError>
     /** Stop admitting decode steps (weight updates may still apply); `resume` lets them continue. */
