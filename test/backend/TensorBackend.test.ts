@@ -33,7 +33,7 @@ const trainStep = (backend: "cpu" | "wasm") => {
   const gradValues = Object.fromEntries(
     Object.entries(grads).map(([name, g]) => [name.split("/")[1]!, Array.from(g.dataSync())])
   )
-  optimizer.applyGradients(grads)
+  optimizer.applyGradients(grads as tf.NamedTensorMap as Parameters<typeof optimizer.applyGradients>[0])
   const result = {
     loss: value.dataSync()[0]!,
     grads: gradValues,
