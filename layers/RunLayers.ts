@@ -3,15 +3,18 @@
  *
  *   backend (initialised first: tfjs backends are process-global)
  *   └ PolicyModel (model.path | model.init | a checkpoint to resume)
- *     ├ Tokenizer (byte | hf), LocalEngine over the policy's own variables, InProcess weight sync
+ *     ├ Tokenizer (byte | hf), InferenceEngine (generator.engine.kind: local over the policy's own variables |
+ *     │ worker | remote), WeightSync (pipeline.weight_sync: inprocess | worker | file | http, checked against it)
  *     ├ McpClient (config's servers) → ToolIo (live | record | replay) → EnvRegistry + mcp_tool env
  *     ├ Generator (AgentLoop), PolicyTrainer
  *     └ EpisodeLog, Metrics, Checkpointer (under the run directory)
  */
 import { NodeServices } from "@effect/platform-node"
-import { Effect, Layer, Stream } from "effect"
+import { Config, Effect, Layer, Option, Redacted, Stream } from "effect"
+import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import type { RunConfig } from "../src/config/RunConfig.ts"
+import { ConfigError } from "../src/domain/Errors.ts"
 import type { ToolCallRecord } from "../src/domain/ToolCall.ts"
 import * as EnvRegistry from "../src/env/EnvRegistry.ts"
 import * as MathEnv from "../src/env/MathEnv.ts"
@@ -22,11 +25,16 @@ import * as TauEnv from "../src/env/tau/TauEnv.ts"
 import * as Generator from "../src/generator/Generator.ts"
 import { InferenceEngine } from "../src/inference/InferenceEngine.ts"
 import * as LocalEngine from "../src/inference/LocalEngine.ts"
+import * as RemoteEngine from "../src/inference/RemoteEngine.ts"
+import * as WorkerEngine from "../src/inference/WorkerEngine.ts"
 import * as Metrics from "../src/metrics/Metrics.ts"
 import * as SyncPipeline from "../src/pipeline/SyncPipeline.ts"
 import * as Checkpointer from "../src/store/Checkpointer.ts"
 import * as EpisodeLog from "../src/store/EpisodeLog.ts"
+import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
+import * as HttpWeightSync from "../src/sync/HttpWeightSync.ts"
 import * as InProcessWeightSync from "../src/sync/InProcessWeightSync.ts"
+import * as WorkerWeightSync from "../src/sync/WorkerWeightSync.ts"
 import * as AutoTokenizer from "../src/tokenizer/AutoTokenizer.ts"
 import { Tokenizer } from "../src/tokenizer/Tokenizer.ts"
 import * as PolicyModel from "../src/trainer/PolicyModel.ts"
@@ -89,6 +97,96 @@ export const environments = (c: RunConfig) => {
   return Layer.mergeAll(mcp, MathEnv.layer, tau).pipe(Layer.provideMerge(EnvRegistry.layer()))
 }
 
+/**
+ * The inference engine `generator.engine.kind` asks for: a LocalEngine over the policy's own variables, a WorkerEngine
+ * (its own copy of the weights and tfjs backend in a worker thread), or a RemoteEngine (our `serve` or vLLM).
+ */
+const inference = (c: RunConfig) => {
+  const e = c.generator.engine
+  return Layer.effect(
+    InferenceEngine,
+    Effect.gen(function* () {
+      const { model } = yield* PolicyModel.PolicyModel
+      const tok = yield* Tokenizer
+      switch (e.kind) {
+        case "local":
+          return yield* LocalEngine.make({ model, decode: (ids) => tok.decode(ids), maxBatch: e.max_batch_size })
+        case "worker":
+          return yield* WorkerEngine.make({
+            model,
+            backend: c.backend,
+            maxBatch: e.max_batch_size,
+            tokenizer: tok.impl,
+            pauseMode: c.pipeline.pause_mode
+          })
+        case "remote": {
+          const apiKey = yield* secret(e.api_key)
+          return yield* RemoteEngine.make({
+            url: e.url!, // weightSyncOf (run before any layer is built) checked it is set
+            ...(e.model_name === undefined ? {} : { model: e.model_name }),
+            ...(apiKey === undefined ? {} : { apiKey })
+          }).pipe(Effect.provide(FetchHttpClient.layer))
+        }
+      }
+    })
+  )
+}
+
+/** The value of the environment variable a `{ env: NAME }` reference names, when set. */
+const secret = (ref: { readonly env: string } | undefined) =>
+  Effect.map(ref === undefined ? Effect.succeed(Option.none()) : Config.option(Config.Redacted(ref.env)), (value) =>
+    Option.isSome(value) ? Redacted.value(value.value) : undefined
+  ).pipe(Effect.mapError((e) => new ConfigError({ path: "generator.engine", message: e.message })))
+
+/**
+ * The weight sync `pipeline.weight_sync` asks for, checked against the engine: `inprocess` (local engine: it samples
+ * from the trainer's variables), `worker` (worker engine: SharedArrayBuffer board), `http` (remote engine: upload to
+ * `serve`'s /v1/weights with `generator.engine.weight_token`), `file` (versions under RUN_DIR/weights for a
+ * `serve --watch`; local or remote engine).
+ */
+const weightSyncOf = (c: RunConfig, runDir: string) =>
+  Effect.gen(function* () {
+    const e = c.generator.engine
+    const sync = c.pipeline.weight_sync
+    const refuse = (message: string) => Effect.fail(new ConfigError({ path: "pipeline.weight_sync", message }))
+    if (e.kind === "remote" && e.url === undefined) {
+      return yield* Effect.fail(
+        new ConfigError({ path: "generator.engine.url", message: "generator.engine.url is required for kind remote" })
+      )
+    }
+    const fits: Record<typeof sync, ReadonlyArray<typeof e.kind>> = {
+      inprocess: ["local"],
+      worker: ["worker"],
+      http: ["remote"],
+      file: ["local", "remote"]
+    }
+    if (!fits[sync].includes(e.kind)) {
+      return yield* refuse(
+        `pipeline.weight_sync ${sync} does not fit generator.engine.kind ${e.kind} (use ${Object.entries(fits)
+          .filter(([, kinds]) => kinds.includes(e.kind))
+          .map(([name]) => name)
+          .join(" or ")})`
+      )
+    }
+    switch (sync) {
+      case "inprocess":
+        return InProcessWeightSync.layer
+      case "worker":
+        return WorkerWeightSync.layer()
+      case "file":
+        return FileWeightSync.layerFollowing({ dir: `${runDir}/weights` })
+      case "http": {
+        const token = yield* secret(e.weight_token)
+        if (token === undefined) {
+          return yield* refuse(
+            `pipeline.weight_sync http needs generator.engine.weight_token: { env: NAME } naming a set variable (serve --token-env)`
+          )
+        }
+        return HttpWeightSync.layer({ url: e.url!, token })
+      }
+    }
+  })
+
 /** Everything a training run needs. Initialises the tensor backend before any tensor exists. */
 export const training = (c: RunConfig, options: RunOptions) =>
   Layer.unwrap(
@@ -97,18 +195,8 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const modelConfig = options.resumeFrom === undefined ? c.model : { path: options.resumeFrom, lora: c.model.lora }
       const policy = PolicyModel.layer(modelConfig)
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
-      const engine = Layer.effect(
-        InferenceEngine,
-        Effect.gen(function* () {
-          const { model } = yield* PolicyModel.PolicyModel
-          const tok = yield* Tokenizer
-          return yield* LocalEngine.make({
-            model,
-            decode: (ids) => tok.decode(ids),
-            maxBatch: c.generator.engine.max_batch_size
-          })
-        })
-      )
+      const engine = inference(c)
+      const weightSync = yield* weightSyncOf(c, options.runDir)
       const trainer = PolicyTrainer.layer({
         trainer: c.trainer,
         samplesPerPrompt: c.generator.n_samples_per_prompt,
@@ -130,7 +218,7 @@ export const training = (c: RunConfig, options: RunOptions) =>
         EpisodeLog.layer(options.runDir),
         Metrics.layer(options.runDir, { progress: c.logging.progress })
       ).pipe(Layer.provide(NodeServices.layer), Layer.orDie)
-      const core = Layer.mergeAll(Generator.layer(generatorOptions(c)), InProcessWeightSync.layer).pipe(
+      const core = Layer.mergeAll(Generator.layer(generatorOptions(c)), weightSync).pipe(
         Layer.provideMerge(engine),
         Layer.provideMerge(environments(c)),
         Layer.provideMerge(checkpointer)

@@ -15,6 +15,7 @@ export const EngineConfig = Schema.Struct({
   url: Schema.optionalKey(Schema.NonEmptyString),
   model_name: Schema.optionalKey(Schema.String),
   api_key: Schema.optionalKey(SecretRef),
+  weight_token: Schema.optionalKey(SecretRef), // remote: the env var holding `serve`'s /v1/weights token (http sync)
   max_batch_size: PositiveInt.pipe(withDefault(16))
 })
 export type EngineConfig = typeof EngineConfig.Type

@@ -2,7 +2,8 @@
  * The inference engine over HTTP: an OpenAI-compatible `/v1/completions` server — our `serve` or vLLM — token ids in,
  * token ids + behaviour log-probs out, never re-tokenised.
  *
- * Each GenerateRequest is one completions call (the server batches concurrent calls itself), sent as vLLM expects:
+ * Each GenerateRequest is one completions call (the server batches concurrent calls itself), for the model given or
+ * else the first one `/v1/models` lists, sent as vLLM expects:
  *   `prompt: number[]`, `max_tokens`, `temperature`, `top_p`, `top_k` (-1 = off), `seed`, `stop`, `stop_token_ids`,
  *   `ignore_eos: true` (only the request's own stop ids end it), `logprobs: 0` (the sampled token's log-prob),
  *   `return_token_ids: true` (vLLM ≥ 0.10.2: `choices[i].token_ids`), `return_tokens_as_token_ids: true` (older vLLM:
@@ -36,8 +37,9 @@ import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./In
 export interface RemoteEngineOptions {
   /** Base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted). */
   readonly url: string
-  /** The `model` sent with each request (vLLM checks it against its served model name). */
-  readonly model: string
+  /** The `model` sent with each request (vLLM checks it against its served model name); default: the first of
+   * the server's `/v1/models`. */
+  readonly model?: string
   /** Sent as `Authorization: Bearer` on completions (vLLM `--api-key`). */
   readonly apiKey?: string
   /** The server's weight token: when set, `updateWeights` uploads snapshots to `/v1/weights`. */
@@ -123,6 +125,24 @@ export const requestBody = (model: string, request: GenerateRequest) => {
   }
 }
 
+/** The first model a server lists at `/v1/models`. */
+const servedModel = (client: HttpClient.HttpClient, base: string, apiKey: string | undefined) =>
+  Effect.gen(function* () {
+    const request = HttpClientRequest.get(`${base}/v1/models`).pipe(
+      apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(apiKey)
+    )
+    const response = yield* client.execute(request)
+    const body = (yield* response.json) as { data?: ReadonlyArray<{ id?: unknown }> } | null
+    const id = body?.data?.[0]?.id
+    if (response.status !== 200 || typeof id !== "string") {
+      return yield* error("BadResponse", `${base}/v1/models lists no model (HTTP ${response.status})`)
+    }
+    return id
+  }).pipe(
+    Effect.catchTag("HttpClientError", (e) => Effect.fail(error("Unreachable", `${base}: ${e.message}`))),
+    Effect.retry({ times: 3, schedule: Schedule.exponential("200 millis"), while: (e) => e.isRetryable })
+  )
+
 export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   const client = yield* HttpClient.HttpClient
   const base = HttpWeightSync.baseUrl(options.url)
@@ -130,13 +150,14 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   const maxResumes = options.maxResumes ?? 8
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
   const notPaused = yield* Latch.make(true)
+  const model = options.model ?? (yield* servedModel(client, base, options.apiKey))
 
   /** One completions call, retried while the failure is retryable. */
   const complete = (request: GenerateRequest) =>
     Effect.gen(function* () {
       const http = HttpClientRequest.post(`${base}/v1/completions`).pipe(
         options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
-        HttpClientRequest.bodyJsonUnsafe(requestBody(options.model, request))
+        HttpClientRequest.bodyJsonUnsafe(requestBody(model, request))
       )
       const response = yield* client
         .execute(http)
@@ -241,5 +262,5 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
 })
 
 /** Over Node's fetch. */
-export const layer = (options: RemoteEngineOptions): Layer.Layer<InferenceEngine> =>
+export const layer = (options: RemoteEngineOptions): Layer.Layer<InferenceEngine, InferenceError> =>
   Layer.effect(InferenceEngine, make(options)).pipe(Layer.provide(FetchHttpClient.layer))

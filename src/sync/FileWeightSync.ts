@@ -19,7 +19,7 @@ import * as path from "node:path"
 import { Clock, Duration, Effect, Layer } from "effect"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
-import type { InferenceEngine } from "../inference/InferenceEngine.ts"
+import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as Safetensors from "../model/Safetensors.ts"
 import { WeightSync, WeightSyncError } from "./WeightSync.ts"
 
@@ -131,6 +131,32 @@ export const make = (options: FileWeightSyncOptions): WeightSync["Service"] =>
 
 export const layer = (options: FileWeightSyncOptions): Layer.Layer<WeightSync> =>
   Layer.succeed(WeightSync, make(options))
+
+/**
+ * Write each version to the directory, then tell the engine in context its version with a tensor-less snapshot: for
+ * an engine whose weights arrive another way — a RemoteEngine in front of `serve --watch DIR`, or a LocalEngine
+ * sampling from the trainer's own variables. Not for a WorkerEngine (it would keep its old weights).
+ */
+export const layerFollowing = (options: FileWeightSyncOptions): Layer.Layer<WeightSync, never, InferenceEngine> =>
+  Layer.effect(
+    WeightSync,
+    Effect.gen(function* () {
+      const engine = yield* InferenceEngine
+      const files = make(options)
+      return WeightSync.of({
+        kind: "file",
+        publish: (update) =>
+          files.publish(update).pipe(
+            Effect.andThen(
+              engine.updateWeights(
+                WeightSnapshot.make({ version: PolicyVersion.make(update.version), names: [], shapes: [], data: [] })
+              )
+            ),
+            Effect.mapError((e) => new WeightSyncError({ target: options.dir, message: e.message }))
+          )
+      })
+    })
+  )
 
 /**
  * Load every new version written to `dir` into `engine`, polling `LATEST`, until the scope closes. A version that

@@ -92,20 +92,21 @@ const post = (url: string, body: unknown, headers: Record<string, string> = {}) 
 
 describe("serve + RemoteEngine", () => {
   it.live("generates token ids with log-probs over HTTP, as the same weights do in process", () =>
-    withServer((url) =>
-      Effect.gen(function* () {
-        const engine = yield* InferenceEngine
-        const prompt = [72, 105, 33]
-        const [result] = yield* engine.generate([{ promptIds: prompt, sampling: greedy(8) }])
-        const expected = yield* localGreedy(11, prompt, 8)
-        assert.deepStrictEqual(result!.tokens, expected.tokens)
-        assert.strictEqual(result!.logprobs.length, 8)
-        result!.logprobs.forEach((lp, i) => assert.closeTo(lp, expected.logprobs[i]!, 1e-4))
-        assert.deepStrictEqual(
-          [result!.finishReason, result!.policyVersionFirst, result!.policyVersionLast],
-          ["length", 0, 0]
-        )
-      }).pipe(Effect.provide(RemoteEngine.layer({ url, model: "tiny", weightToken: token })))
+    withServer(
+      (url) =>
+        Effect.gen(function* () {
+          const engine = yield* InferenceEngine
+          const prompt = [72, 105, 33]
+          const [result] = yield* engine.generate([{ promptIds: prompt, sampling: greedy(8) }])
+          const expected = yield* localGreedy(11, prompt, 8)
+          assert.deepStrictEqual(result!.tokens, expected.tokens)
+          assert.strictEqual(result!.logprobs.length, 8)
+          result!.logprobs.forEach((lp, i) => assert.closeTo(lp, expected.logprobs[i]!, 1e-4))
+          assert.deepStrictEqual(
+            [result!.finishReason, result!.policyVersionFirst, result!.policyVersionLast],
+            ["length", 0, 0]
+          )
+        }).pipe(Effect.provide(RemoteEngine.layer({ url, weightToken: token }))) // model: the served one
     )
   )
 
