@@ -477,6 +477,15 @@ inline uint8_t compareValue(float a, float b) {
   return a <= b;
 }
 
+template <int Op>
+struct BinaryFn {
+  inline float operator()(float a, float b) const { return binaryValue<Op>(a, b); }
+};
+template <int Op>
+struct CompareFn {
+  inline uint8_t operator()(float a, float b) const { return compareValue<Op>(a, b); }
+};
+
 // One row of n outputs; sa/sb ∈ {0, 1} in the common cases, which get their own (vectorisable) loops.
 template <typename Out, typename F>
 inline void row(Out* out, const float* a, const float* b, int64_t n, int64_t sa, int64_t sb, F f) {
@@ -561,7 +570,7 @@ napi_value Binary(napi_env env, napi_callback_info info) {
     switch (op) {
 #define CMP(OP) \
   case OP:      \
-    broadcastApply(out, a, b, s, compareValue<OP>); \
+    broadcastApply(out, a, b, s, CompareFn<OP>()); \
     break;
       CMP(kEqual) CMP(kNotEqual) CMP(kGreater) CMP(kGreaterEqual) CMP(kLess) CMP(kLessEqual)
 #undef CMP
@@ -573,7 +582,7 @@ napi_value Binary(napi_env env, napi_callback_info info) {
     switch (op) {
 #define BIN(OP) \
   case OP:      \
-    broadcastApply(out, a, b, s, binaryValue<OP>); \
+    broadcastApply(out, a, b, s, BinaryFn<OP>()); \
     break;
       BIN(kAdd) BIN(kSub) BIN(kMul) BIN(kDiv) BIN(kMax) BIN(kMin) BIN(kSquaredDiff) BIN(kPow)
 #undef BIN
@@ -749,25 +758,82 @@ napi_value Transpose(napi_env env, napi_callback_info info) {
   int64_t n = shape[rank - 1];
   int64_t sn = strides[rank - 1];
   int64_t rows = size / n;
-  pool.parallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; r++) {
-      int64_t rest = r, offset = 0;
-      for (int k = rank - 2; k >= 0; k--) {
-        offset += (rest % shape[k]) * strides[k];
-        rest /= shape[k];
-      }
-      if (elem == 4) {
-        const float* src = heap.f32(xOff) + offset;
-        float* dst = heap.f32(outOff) + r * n;
-        if (sn == 1) {
-          std::memcpy(dst, src, n * 4);
+  int j = -1;  // the out axis that walks the input contiguously, when it is not the last one
+  for (int k = 0; k < rank - 1 && sn != 1; k++)
+    if (strides[k] == 1) j = k;
+  if (sn == 1 || j < 0) {
+    pool.parallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; r++) {
+        int64_t rest = r, offset = 0;
+        for (int k = rank - 2; k >= 0; k--) {
+          offset += (rest % shape[k]) * strides[k];
+          rest /= shape[k];
+        }
+        if (elem == 4) {
+          const float* src = heap.f32(xOff) + offset;
+          float* dst = heap.f32(outOff) + r * n;
+          if (sn == 1) {
+            std::memcpy(dst, src, n * 4);
+          } else {
+            for (int64_t i = 0; i < n; i++) dst[i] = src[i * sn];
+          }
         } else {
+          const uint8_t* src = heap.base + xOff + offset;
+          uint8_t* dst = heap.base + outOff + r * n;
           for (int64_t i = 0; i < n; i++) dst[i] = src[i * sn];
         }
+      }
+    });
+    return undefinedValue(env);
+  }
+  // Tiled 2-d transposes of [shape[j], n] planes: reads contiguous along j, writes contiguous along the last axis.
+  std::vector<int64_t> outStride(rank);
+  outStride[rank - 1] = 1;
+  for (int k = rank - 2; k >= 0; k--) outStride[k] = outStride[k + 1] * shape[k + 1];
+  int64_t m = shape[j];
+  int64_t planes = size / (m * n);
+  constexpr int64_t TILE = 32;
+  int64_t tilesM = (m + TILE - 1) / TILE, tilesN = (n + TILE - 1) / TILE;
+  int64_t tasks = planes * tilesM * tilesN;
+  pool.parallelFor(tasks, std::max<int64_t>(1, 16384 / (TILE * TILE)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      int64_t tn = t % tilesN, tm = (t / tilesN) % tilesM, plane = t / (tilesN * tilesM);
+      // offsets of this plane: decompose `plane` over the out axes other than j and the last one
+      int64_t rest = plane, src = 0, dst = 0;
+      for (int k = rank - 2; k >= 0; k--) {
+        if (k == j) continue;
+        int64_t c = rest % shape[k];
+        rest /= shape[k];
+        src += c * strides[k];
+        dst += c * outStride[k];
+      }
+      int64_t i0 = tm * TILE, i1 = std::min(m, i0 + TILE);
+      int64_t c0 = tn * TILE, c1 = std::min(n, c0 + TILE);
+      if (elem == 4) {
+        const float* x = heap.f32(xOff) + src;
+        float* y = heap.f32(outOff) + dst;
+        const int64_t os = outStride[j];
+        // 8×8 blocks through a register-sized buffer: 8 contiguous loads, 8 contiguous stores, so power-of-two
+        // strides touch only 8 cache lines per side (no L1 set thrashing).
+        for (int64_t cb = c0; cb < c1; cb += 8) {
+          for (int64_t ib = i0; ib < i1; ib += 8) {
+            if (cb + 8 <= c1 && ib + 8 <= i1) {
+              float tmp[8][8];
+              for (int c = 0; c < 8; c++)
+                for (int i = 0; i < 8; i++) tmp[c][i] = x[ib + i + (cb + c) * sn];
+              for (int i = 0; i < 8; i++)
+                for (int c = 0; c < 8; c++) y[(ib + i) * os + cb + c] = tmp[c][i];
+            } else {
+              for (int64_t c = cb; c < std::min(c1, cb + 8); c++)
+                for (int64_t i = ib; i < std::min(i1, ib + 8); i++) y[i * os + c] = x[i + c * sn];
+            }
+          }
+        }
       } else {
-        const uint8_t* src = heap.base + xOff + offset;
-        uint8_t* dst = heap.base + outOff + r * n;
-        for (int64_t i = 0; i < n; i++) dst[i] = src[i * sn];
+        const uint8_t* x = heap.base + xOff + src;
+        uint8_t* y = heap.base + outOff + dst;
+        for (int64_t c = c0; c < c1; c++)
+          for (int64_t i = i0; i < i1; i++) y[i * outStride[j] + c] = x[i + c * sn];
       }
     }
   });
