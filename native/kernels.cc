@@ -912,6 +912,71 @@ napi_value Softmax(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
+// gather(heap, xOff, indicesOff, outOff, outer, axisDim, count, inner, elemBytes) → false when an index is out of
+// [0, axisDim) (nothing is written then; the caller raises tfjs' error). x [outer, axisDim, inner] → out [outer, count, inner].
+napi_value Gather(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), idxOff = args.i64(2), outOff = args.i64(3);
+  int64_t outer = args.i64(4), axisDim = args.i64(5), count = args.i64(6), inner = args.i64(7);
+  int elem = (int)args.i64(8);
+  if (!args.ok) return nullptr;
+  if ((elem != 4 && elem != 1) || !heap.containsBytes(xOff, outer * axisDim * inner, elem) ||
+      !heap.contains(idxOff, count) || !heap.containsBytes(outOff, outer * count * inner, elem)) {
+    args.fail("gather: tensor range outside the heap");
+    return nullptr;
+  }
+  const int32_t* idx = heap.i32(idxOff);
+  bool valid = true;
+  for (int64_t i = 0; i < count; i++) valid = valid && idx[i] >= 0 && idx[i] < axisDim;
+  napi_value result;
+  napi_get_boolean(env, valid, &result);
+  if (!valid) return result;
+  calls++;
+  int64_t rows = outer * count;
+  pool.parallelFor(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, inner)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      int64_t o = r / count, i = r % count;
+      std::memcpy(heap.base + outOff + r * inner * elem, heap.base + xOff + ((o * axisDim + idx[i]) * inner) * elem,
+                  inner * elem);
+    }
+  });
+  return result;
+}
+
+// segmentSum(heap, xOff, idsOff, outOff, count, inner, numSegments): out[s, :] = Σ_{i: ids[i] = s} x[i, :]; ids outside
+// [0, numSegments) are dropped. Threads split the columns, so no two write the same element.
+napi_value SegmentSum(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), idsOff = args.i64(2), outOff = args.i64(3);
+  int64_t count = args.i64(4), inner = args.i64(5), segments = args.i64(6);
+  if (!args.ok) return nullptr;
+  if (!heap.contains(xOff, count * inner) || !heap.contains(idsOff, count) || !heap.contains(outOff, segments * inner)) {
+    args.fail("segmentSum: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const int32_t* ids = heap.i32(idsOff);
+  const float* x = heap.f32(xOff);
+  float* out = heap.f32(outOff);
+  std::memset(out, 0, sizeof(float) * segments * inner);
+  int64_t colBlocks = (inner + 63) / 64;
+  pool.parallelFor(colBlocks, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, count * 64)), [&](int64_t b0, int64_t b1) {
+    int64_t c0 = b0 * 64, c1 = std::min(inner, b1 * 64);
+    for (int64_t i = 0; i < count; i++) {
+      int64_t sgm = ids[i];
+      if (sgm < 0 || sgm >= segments) continue;
+      const float* src = x + i * inner;
+      float* dst = out + sgm * inner;
+      for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+    }
+  });
+  return undefinedValue(env);
+}
+
 napi_value SetThreads(napi_env env, napi_callback_info info) {
   Args args(env, info);
   int threads = (int)args.i64(0);
@@ -956,7 +1021,8 @@ napi_value Init(napi_env env, napi_value exports) {
   };
   const Fn fns[] = {{"matmul", Matmul},   {"binary", Binary},         {"unary", Unary},
                      {"reduce", Reduce},   {"transpose", Transpose},   {"cast", Cast},
-                     {"softmax", Softmax}, {"setThreads", SetThreads}, {"info", Info}};
+                     {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum},
+                     {"setThreads", SetThreads}, {"info", Info}};
   for (const Fn& fn : fns) {
     napi_value f;
     napi_create_function(env, fn.name, NAPI_AUTO_LENGTH, fn.cb, nullptr, &f);

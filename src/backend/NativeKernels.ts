@@ -72,6 +72,27 @@ interface Addon {
   ) => void
   readonly cast: (heap: Uint8Array, kind: number, x: number, out: number, n: number) => void
   readonly softmax: (heap: Uint8Array, x: number, out: number, rows: number, n: number, log: boolean) => void
+  /** x [outer, axisDim, inner] → out [outer, count, inner]; false (nothing written) when an index is out of range. */
+  readonly gather: (
+    heap: Uint8Array,
+    x: number,
+    indices: number,
+    out: number,
+    outer: number,
+    axisDim: number,
+    count: number,
+    inner: number,
+    elementBytes: number
+  ) => boolean
+  readonly segmentSum: (
+    heap: Uint8Array,
+    x: number,
+    ids: number,
+    out: number,
+    count: number,
+    inner: number,
+    numSegments: number
+  ) => void
 }
 
 /** The parts of tfjs-backend-wasm's BackendWasm the kernels use. */
@@ -80,6 +101,7 @@ interface WasmBackend {
   readonly dataIdMap: { get(dataId: object): { memoryOffset: number } }
   makeOutput(shape: Array<number>, dtype: tf.DataType): tf.TensorInfo
   incRef(dataId: object): void
+  disposeData(dataId: object): boolean
 }
 
 export type Status =
@@ -442,7 +464,61 @@ const softmaxKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
   return out
 }
 
+// --- embedding lookups and their gradient
+
+const gatherKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { x, indices } = inputs as { x: tf.TensorInfo; indices: tf.TensorInfo }
+  const { axis, batchDims } = attrs as unknown as { axis: number; batchDims?: number }
+  if ((batchDims ?? 0) !== 0 || indices.dtype !== "int32" || (x.dtype !== "float32" && x.dtype !== "int32")) {
+    return undefined
+  }
+  const [a] = tf.util.parseAxisParam(axis, [...x.shape])
+  if (a === undefined) return undefined
+  const outShape = [...x.shape.slice(0, a), ...indices.shape, ...x.shape.slice(a + 1)]
+  const out = backend.makeOutput(outShape, x.dtype)
+  const count = sizeOf(indices.shape)
+  const outer = sizeOf(x.shape.slice(0, a))
+  const inner = sizeOf(x.shape.slice(a + 1))
+  if (sizeOf(outShape) === 0) return out
+  const ok = addon.gather(
+    backend.wasm.HEAPU8,
+    offsetOf(backend, x),
+    offsetOf(backend, indices),
+    offsetOf(backend, out),
+    outer,
+    x.shape[a]!,
+    count,
+    inner,
+    4
+  )
+  if (ok) return out
+  backend.disposeData(out.dataId) // an index is out of range: the stock kernel raises tfjs' error
+  return undefined
+}
+
+const segmentSumKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { x, segmentIds } = inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo }
+  const { numSegments } = attrs as unknown as { numSegments: number }
+  if (x.dtype !== "float32" || segmentIds.dtype !== "int32") return undefined
+  const rowShape = x.shape.slice(segmentIds.shape.length)
+  const out = backend.makeOutput([numSegments, ...rowShape], "float32")
+  const inner = sizeOf(rowShape)
+  if (numSegments * inner === 0) return out
+  addon.segmentSum(
+    backend.wasm.HEAPU8,
+    offsetOf(backend, x),
+    offsetOf(backend, segmentIds),
+    offsetOf(backend, out),
+    sizeOf(segmentIds.shape),
+    inner,
+    numSegments
+  )
+  return out
+}
+
 const kernels: Record<string, NativeKernel> = {
+  GatherV2: gatherKernel,
+  UnsortedSegmentSum: segmentSumKernel,
   Add: binaryKernel(0, false),
   Sub: binaryKernel(1, false),
   Multiply: binaryKernel(2, false),

@@ -327,6 +327,33 @@ describe.skipIf(!native.available)("NativeKernels", () => {
     tf.dispose([x, positive, cube])
   })
 
+  it("gather (embedding lookup) and its gradient match stock; bad indices still raise", () => {
+    const next = rng(9)
+    const table = randomTensor([50, 3, 8], next) // [V, …]
+    const ids = tf.tensor2d(
+      Int32Array.from({ length: 4 * 6 }, () => Math.floor(next() * 50)),
+      [4, 6],
+      "int32"
+    )
+    const dy = randomTensor([4, 6, 3, 8], next)
+    const rows = randomTensor([5, 4], next)
+    assertClose(
+      "gather",
+      bothWays(() => [
+        tf.gather(table, ids),
+        tf.gather(table, tf.tensor1d([2, 0], "int32"), 1),
+        tf.gather(table, tf.tensor1d([7, 7, 1], "int32"), 2),
+        tf.cast(tf.gather(tf.tensor1d([5, 6, 7], "int32"), tf.tensor1d([2, 2, 0], "int32")), "float32"),
+        tf.grad((t: tf.Tensor) => tf.gather(t, ids))(table, dy),
+        tf.unsortedSegmentSum(rows, tf.tensor1d([3, -1, 3, 9, 0], "int32"), 4)
+      ])
+    )
+    NativeKernels.register("wasm")
+    assert.throws(() => tf.gather(table, tf.tensor1d([50], "int32")), /not in/)
+    NativeKernels.unregister("wasm")
+    tf.dispose([table, ids, dy, rows])
+  })
+
   it("a transformer's loss and gradients match stock", () => {
     const config = ModelConfig.fromInit({
       architecture: "qwen3",
