@@ -3,7 +3,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Schedule } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as ServeCommand from "../../src/cli/ServeCommand.ts"
@@ -16,6 +16,7 @@ import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Snapshot from "../../src/model/Snapshot.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as FileWeightSync from "../../src/sync/FileWeightSync.ts"
 import * as HttpWeightSync from "../../src/sync/HttpWeightSync.ts"
 import { WeightSync } from "../../src/sync/WeightSync.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
@@ -38,7 +39,7 @@ const token = "s3cret-token"
 const greedy = (maxNewTokens: number): SamplingParams => ({ ...Sampling.defaultParams, temperature: 0, maxNewTokens })
 
 /** A checkpoint directory (seed 11 weights + byte tokenizer) served on a free loopback port for the scope. */
-const withServer = <A, E, R>(body: (url: string, dir: string) => Effect.Effect<A, E, R>) =>
+const withServer = <A, E, R>(body: (url: string, dir: string) => Effect.Effect<A, E, R>, watch?: string) =>
   Effect.scoped(
     Effect.gen(function* () {
       yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
@@ -50,10 +51,14 @@ const withServer = <A, E, R>(body: (url: string, dir: string) => Effect.Effect<A
       yield* Effect.promise(() => Checkpoint.save(model, dir))
       Transformer.dispose(model)
       yield* AutoTokenizer.save(ByteTokenizer.make(), dir).pipe(Effect.provide(NodeServices.layer), Effect.orDie)
-      const url = yield* ServeCommand.start({ model: dir, host: "127.0.0.1", port: 0, token, modelName: "tiny" }).pipe(
-        Effect.provide(NodeServices.layer),
-        Effect.orDie
-      )
+      const url = yield* ServeCommand.start({
+        model: dir,
+        host: "127.0.0.1",
+        port: 0,
+        token,
+        modelName: "tiny",
+        ...(watch === undefined ? {} : { watch })
+      }).pipe(Effect.provide(NodeServices.layer), Effect.orDie)
       return yield* body(url, dir)
     })
   )
@@ -236,6 +241,35 @@ describe("serve + RemoteEngine", () => {
       })
     )
   )
+
+  it.live("serve --watch loads each version a FileWeightSync writes, and greedy decoding follows it", () => {
+    const watchDir = path.join(os.tmpdir(), `serve-watch-${process.pid}-${Date.now()}`)
+    return withServer(
+      (url) =>
+        Effect.gen(function* () {
+          yield* Effect.addFinalizer(() => Effect.promise(() => fs.rm(watchDir, { recursive: true, force: true })))
+          const engine = yield* InferenceEngine
+          const other = Transformer.init(config, 12, 0.3)
+          const snapshot = Snapshot.fromModel(other, PolicyVersion.make(2))
+          Transformer.dispose(other)
+          yield* FileWeightSync.make({ dir: watchDir }).publish({
+            version: PolicyVersion.make(2),
+            snapshot: Effect.succeed(snapshot)
+          })
+          const health = Effect.promise(
+            () => fetch(`${url}/health`).then((r) => r.json()) as Promise<{ policy_version: number }>
+          )
+          const seen = yield* health.pipe(
+            Effect.repeat({ schedule: Schedule.spaced("20 millis"), until: (h) => h.policy_version === 2, times: 200 })
+          )
+          assert.strictEqual(seen.policy_version, 2)
+          const [result] = yield* engine.generate([{ promptIds: [5, 6], sampling: greedy(6) }])
+          assert.deepStrictEqual(result!.tokens, (yield* localGreedy(12, [5, 6], 6)).tokens)
+          assert.deepStrictEqual([result!.policyVersionFirst, result!.policyVersionLast], [2, 2])
+        }).pipe(Effect.provide(RemoteEngine.layer({ url })), Effect.scoped),
+      watchDir
+    )
+  })
 
   it.live("an unreachable server is a retryable InferenceError", () =>
     Effect.gen(function* () {

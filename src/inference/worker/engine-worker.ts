@@ -5,7 +5,7 @@
  * between two steps.
  */
 import { parentPort, workerData } from "node:worker_threads"
-import { Effect, Fiber, Queue } from "effect"
+import { Effect, Fiber, Logger, Queue } from "effect"
 import * as TensorBackend from "../../backend/TensorBackend.ts"
 import { InferenceError } from "../../domain/Errors.ts"
 import * as PolicyVersion from "../../domain/PolicyVersion.ts"
@@ -111,6 +111,8 @@ const program = Effect.gen(function* () {
 
 Effect.runFork(
   Effect.scoped(program).pipe(
-    Effect.catchCause((cause) => Effect.sync(() => post({ type: "failed", message: String(cause) })))
+    Effect.catchCause((cause) => Effect.sync(() => post({ type: "failed", message: String(cause) }))),
+    // the worker shares the process's stdout, whose last line is a command's JSON result: logs go to stderr
+    Effect.provideService(Logger.LogToStderr, true)
   )
 )
