@@ -17,6 +17,7 @@ import { CheckpointError } from "../domain/Errors.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
+import * as LogProbs from "../model/LogProbs.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
@@ -58,6 +59,7 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
     tokenizer,
     modelName: options.modelName ?? path.basename(path.resolve(options.model)),
     maxModelLen: model.config.maxPositionEmbeddings,
+    promptLogprobs: (ids) => LogProbs.ofIds(model, ids),
     ...(options.token === undefined ? {} : { weightToken: options.token })
   }).pipe(Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host })))
   const context = yield* Layer.build(server)

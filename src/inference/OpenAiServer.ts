@@ -11,6 +11,7 @@
  * - `POST /v1/chat/completions`: renders the chat template (with `tools`), samples, and reads tool calls out of the
  *   text (env/ToolCallParser.ts, `auto`): a reply with calls has `message.tool_calls` and `finish_reason:
  *   "tool_calls"`, as vLLM's tool parsers give.
+ *   `prompt_logprobs: k` adds vLLM's per-prompt-token entries (the prompt token only, `rank` null).
  * - `GET /v1/models`, `GET /health` (`{status, policy_version}`).
  * - `POST /v1/weights`: a new WeightSnapshot as safetensors bytes, in one or more chunks (sync/HttpWeightSync.ts
  *   has the protocol), authenticated with `Authorization: Bearer <token>`. The last chunk applies the weights; the
@@ -45,6 +46,8 @@ export interface ServerOptions {
   readonly weightToken?: string
   /** Refuse weight uploads larger than this (bytes); default 4 GiB. */
   readonly maxWeightBytes?: number
+  /** `log p(ids[t] | ids[<t])` for t ≥ 1 under the served weights, for `prompt_logprobs`; absent = unsupported. */
+  readonly promptLogprobs?: (ids: ReadonlyArray<number>) => ReadonlyArray<number>
 }
 
 /** A request the server refuses: answered with `status` and OpenAI's error body. */
@@ -208,6 +211,37 @@ export const completionLogprobs = (
   }
 }
 
+/**
+ * vLLM's `prompt_logprobs`: per prompt, `null` for the first token, then `{ "<id>": { logprob, rank, decoded_token } }`
+ * for each later one (the prompt token only: alternatives are not computed, and `rank` is null).
+ */
+const promptLogprobsOf = (
+  body: Json,
+  options: ServerOptions,
+  tokenizer: TokenizerImpl,
+  prompts: ReadonlyArray<ReadonlyArray<number>>
+) =>
+  Effect.gen(function* () {
+    const wanted = yield* optionalNumber(
+      body,
+      "prompt_logprobs",
+      (v) => Number.isInteger(v) && v >= 0,
+      "an integer ≥ 0"
+    )
+    if (wanted === undefined) return undefined
+    const score = options.promptLogprobs
+    if (score === undefined) return yield* fail(`"prompt_logprobs" is not supported by this server`)
+    return prompts.map((ids) => {
+      const values = score(ids)
+      return [
+        null,
+        ...values.map((logprob, t) => ({
+          [String(ids[t + 1])]: { logprob, rank: null, decoded_token: tokenizer.decode([ids[t + 1]!]) }
+        }))
+      ]
+    })
+  })
+
 /** The assistant message of a chat completion: tool calls read out of the text when the request offered tools. */
 export const chatMessage = (
   text: string,
@@ -340,6 +374,7 @@ export const routes = (options: ServerOptions) =>
             const results = yield* generateAll(engine, requests)
             const wantLogprobs = body["logprobs"] !== undefined && body["logprobs"] !== null
             const tokensAsIds = body["return_tokens_as_token_ids"] === true
+            const promptLogprobs = yield* promptLogprobsOf(body, options, tokenizer, prompts)
             const created = yield* secondsNow
             const choices = results.map((r, index) => ({
               index,
@@ -349,6 +384,9 @@ export const routes = (options: ServerOptions) =>
               stop_reason: null,
               token_ids: [...r.tokens],
               ...(body["return_token_ids"] === true ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
+              ...(promptLogprobs === undefined
+                ? {}
+                : { prompt_logprobs: promptLogprobs[Math.floor(index / sampling.n)] }),
               policy_version_first: r.policyVersionFirst,
               policy_version_last: r.policyVersionLast
             }))

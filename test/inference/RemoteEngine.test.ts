@@ -12,6 +12,7 @@ import { InferenceEngine, type SamplingParams } from "../../src/inference/Infere
 import * as OpenAiServer from "../../src/inference/OpenAiServer.ts"
 import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
+import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Snapshot from "../../src/model/Snapshot.ts"
@@ -80,6 +81,7 @@ interface CompletionBody {
     readonly finish_reason: string
     readonly logprobs: { readonly tokens: ReadonlyArray<string> } & Record<string, unknown>
     readonly message: { readonly role: string }
+    readonly prompt_logprobs?: ReadonlyArray<Record<string, { readonly logprob: number }> | null>
   }>
   readonly usage: { readonly prompt_tokens: number }
   readonly prompt_token_ids: ReadonlyArray<number>
@@ -210,6 +212,18 @@ describe("serve + RemoteEngine", () => {
         // what RemoteEngine reads from it
         const read = RemoteEngine.readChoice({ choices: [c0] })
         assert.deepStrictEqual(typeof read === "string" ? read : read.tokens, c0.token_ids)
+        // prompt_logprobs (vLLM): null, then the log-prob of each later prompt token under the served weights
+        const scored = yield* post(`${url}/v1/completions`, { prompt: [7, 8, 9], max_tokens: 1, prompt_logprobs: 0 })
+        const entries = scored.body.choices[0]!.prompt_logprobs!
+        assert.strictEqual(entries[0], null)
+        const expectedPrompt = yield* Effect.sync(() => {
+          const model = Transformer.init(config, 11, 0.3)
+          const values = LogProbs.ofIds(model, [7, 8, 9])
+          Transformer.dispose(model)
+          return values
+        })
+        assert.closeTo(entries[1]!["8"]!.logprob, expectedPrompt[0]!, 1e-4)
+        assert.closeTo(entries[2]!["9"]!.logprob, expectedPrompt[1]!, 1e-4)
         const bad = yield* post(`${url}/v1/completions`, { model: "tiny", prompt: [] })
         assert.strictEqual(bad.status, 400)
         const models = yield* Effect.promise(
