@@ -54,13 +54,25 @@ export const write = (board: Board, snapshot: WeightSnapshot.WeightSnapshot): Ar
   return indices
 }
 
-/** The board's tensors at `indices` as a snapshot of private copies (the reader owns them; the board may change). */
-export const read = (board: Board, version: number, indices: ReadonlyArray<number>): WeightSnapshot.WeightSnapshot =>
+/**
+ * The board's tensors at `indices` as a snapshot. By default each array is a private copy (the reader owns it; the
+ * board may change later). `shared(name)` = true hands out a view of the shared buffer instead, for tensors the reader
+ * copies anyway while the board is held still (a weight the model transposes on load), to save one copy of them.
+ */
+export const read = (
+  board: Board,
+  version: number,
+  indices: ReadonlyArray<number>,
+  shared: (name: string) => boolean = () => false
+): WeightSnapshot.WeightSnapshot =>
   WeightSnapshot.make({
     version: PolicyVersion.make(version),
     names: indices.map((i) => board.names[i]!),
     shapes: indices.map((i) => board.shapes[i]!),
-    data: indices.map((i) => new Float32Array(board.buffers[i]!).slice())
+    data: indices.map((i) => {
+      const view = new Float32Array(board.buffers[i]!)
+      return shared(board.names[i]!) ? view : view.slice()
+    })
   })
 
 export interface WorkerWeightSyncOptions {

@@ -91,7 +91,9 @@ const program = Effect.gen(function* () {
         })
       case "weights":
         return Effect.suspend(() =>
-          engine.updateWeights(WorkerWeightSync.read(board, message.version, message.tensors))
+          // transposed weights are copied by the load itself (while the main thread waits for our ack): view those;
+          // the others may be kept by reference by a tfjs backend (cpu), so they must be private copies
+          engine.updateWeights(WorkerWeightSync.read(board, message.version, message.tensors, Transformer.isTransposed))
         ).pipe(
           Effect.match({
             onFailure: (e) => post({ type: "ack", id: message.id, error: toError(e) }),
