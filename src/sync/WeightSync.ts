@@ -1,7 +1,9 @@
 /**
  * Weight sync: the trainer publishes versioned snapshots; engines apply them between decode steps (style.md §15).
  * Implementations: InProcessWeightSync (the engine samples from the trainer's own variables: publishing only moves
- * the version, nothing is copied). Worker, File and Http syncs come with the async pipeline.
+ * the version, nothing is copied), WorkerWeightSync (SharedArrayBuffers shared with a WorkerEngine), FileWeightSync
+ * (versioned safetensors directories written atomically, for a watching engine) and HttpWeightSync (chunked,
+ * authenticated upload to a remote `serve`).
  */
 import { Context, type Effect, Schema } from "effect"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
