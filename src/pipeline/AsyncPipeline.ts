@@ -127,13 +127,15 @@ export const run = Effect.fn("AsyncPipeline.run")(function* (inputs: SyncPipelin
     for (const g of yield* readInflight(inputs.resumeFrom)) {
       if (g.cursor >= done * B && g.cursor < limit) pending.set(g.cursor, g)
     }
-    yield* ConsumedLog.truncateTo(runDir, done)
-    yield* ConsumedLog.dropTornTail(episodeLog.file)
     yield* Effect.logInfo(
       `resumed from ${inputs.resumeFrom} at step ${done}: ${pending.size} in-flight groups restored, generating from cursor ${done * B}`
     )
   }
 
+  // steps from firstStep on are trained (again): forget their consumed lines, e.g. those a crash left after the
+  // checkpoint or a killed run left before its first one, and cut any torn last line off the episode log
+  yield* ConsumedLog.truncateTo(runDir, firstStep - 1)
+  yield* ConsumedLog.dropTornTail(episodeLog.file)
   const evaluate = SyncPipeline.evaluation(config, val)
   const evalBefore =
     config.trainer.eval_before_train && firstStep === 1 ? yield* evaluate("before training", 0) : undefined

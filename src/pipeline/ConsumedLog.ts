@@ -3,9 +3,10 @@
  * per training step, after the step's weights are published. It is the evidence that a run (resumed or not) trained
  * on every prompt exactly once.
  *
- * Resume truncates it to the checkpoint: lines of steps after the checkpoint's step describe training whose weights
- * were lost with the crash, and the resumed run trains those prompts again (from the checkpoint's cursor), writing
- * their lines anew. A torn last line (a crash mid-write) goes with them.
+ * A run truncates it to the step it starts from (the checkpoint's, or 0): lines of later steps describe training
+ * whose weights were lost with a crash, and the resumed run trains those prompts again (from the checkpoint's
+ * cursor), writing their lines anew. A torn last line (a crash mid-write) goes with them. (The alternative, keeping
+ * the lines and skipping their prompts, would train on fewer prompts than the lines claim.)
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"

@@ -96,13 +96,14 @@ export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
     const restored = yield* checkpointer.read(inputs.resumeFrom)
     yield* trainer.restore(restored.trainer)
     firstStep = restored.trainer.step + 1
-    // steps after the checkpoint are trained again: forget their lines (ConsumedLog) and any torn episode line
-    yield* ConsumedLog.truncateTo(runDir, restored.trainer.step)
-    yield* ConsumedLog.dropTornTail(episodeLog.file)
     // the engine starts at version 0: tell it the restored weights' version, so trajectories record it
     yield* weightSync.publish({ version: yield* trainer.version, snapshot: trainer.snapshot }).pipe(Effect.orDie)
     yield* Effect.logInfo(`resumed from ${inputs.resumeFrom} at step ${restored.trainer.step}`)
   }
+  // steps from firstStep on are trained (again): forget their consumed lines, e.g. those a crash left after the
+  // checkpoint or a killed run left before its first one, and cut any torn last line off the episode log
+  yield* ConsumedLog.truncateTo(runDir, firstStep - 1)
+  yield* ConsumedLog.dropTornTail(episodeLog.file)
   const evaluate = evaluation(config, val)
 
   const evalBefore =
