@@ -63,12 +63,29 @@ const cli = (args: ReadonlyArray<string>) => {
   return JSON.parse(lines[lines.length - 1]!) as Record<string, unknown>
 }
 
-const readJsonl = (file: string) =>
+interface Row {
+  readonly uid: string
+  readonly extra_info?: { readonly family?: string }
+}
+interface Demo {
+  readonly uid: string
+  readonly messages: ReadonlyArray<unknown>
+}
+interface Group {
+  readonly cursor: number
+  readonly trajectories: ReadonlyArray<{
+    readonly reward: number
+    readonly turns: ReadonlyArray<{ readonly toolCalls: ReadonlyArray<unknown> }>
+  }>
+}
+type MetricsLine = Readonly<Record<string, number | string>>
+
+const readJsonl = <A>(file: string): Array<A> =>
   fs
     .readFileSync(file, "utf8")
     .split("\n")
     .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, any>)
+    .map((l) => JSON.parse(l) as A)
 
 /** The system text McpToolEnv writes for these tools (compact style), so SFT sees what RL will show. */
 const systemText = () => {
@@ -87,11 +104,11 @@ const systemText = () => {
 /** Rows of the arithmetic-chain family (they use only the four tools), and their demos for SFT. */
 const prepareData = () => {
   fs.mkdirSync(work, { recursive: true })
-  const rows = readJsonl(path.join(root, "data/toolbox/train.jsonl")).filter(
+  const rows = readJsonl<Row>(path.join(root, "data/toolbox/train.jsonl")).filter(
     (r) => r.extra_info?.family === "arith_chain"
   )
   const uids = new Set(rows.map((r) => r.uid as string))
-  const demos = readJsonl(path.join(root, "data/toolbox/demos.jsonl")).filter((d) => uids.has(d.uid))
+  const demos = readJsonl<Demo>(path.join(root, "data/toolbox/demos.jsonl")).filter((d) => uids.has(d.uid))
   const system = systemText()
   fs.writeFileSync(
     path.join(work, "sft.jsonl"),
@@ -209,12 +226,13 @@ const runMode = (config: string, mode: "sync" | "async"): ModeResult => {
   fs.rmSync(runDir, { recursive: true, force: true })
   const summary = cli(["train", "--config", config, "--run-dir", runDir, `pipeline.mode=${mode}`])
   const seconds = Number(summary["seconds"])
-  const train = readJsonl(path.join(runDir, "metrics.jsonl")).filter((m) => m["event"] === "train")
+  const train = readJsonl<MetricsLine>(path.join(runDir, "metrics.jsonl")).filter((m) => m["event"] === "train")
   const last = train.slice(Math.floor(train.length / 2))
-  const trajectories = readJsonl(path.join(runDir, "episodes.jsonl")).flatMap((g) => g.trajectories as Array<any>)
-  const lastRewards = readJsonl(path.join(runDir, "episodes.jsonl"))
+  const groups = readJsonl<Group>(path.join(runDir, "episodes.jsonl"))
+  const trajectories = groups.flatMap((g) => g.trajectories)
+  const lastRewards = groups
     .filter((g) => g.cursor >= Math.floor(train.length / 2) * B && g.cursor < train.length * B)
-    .flatMap((g) => (g.trajectories as Array<any>).map((t) => t.reward as number))
+    .flatMap((g) => g.trajectories.map((t) => t.reward))
   const sd = Math.sqrt(mean(lastRewards.map((r) => (r - mean(lastRewards)) ** 2)))
   const trained = train.length * B * n
   return {
@@ -225,9 +243,7 @@ const runMode = (config: string, mode: "sync" | "async"): ModeResult => {
     trajectories: trained,
     avgTurns: Math.round(mean(train.map((m) => m["generate/avg_num_turns"] as number)) * 100) / 100,
     toolCallsPerTrajectory:
-      Math.round(
-        mean(trajectories.map((t) => (t.turns as Array<any>).reduce((k, turn) => k + turn.toolCalls.length, 0))) * 100
-      ) / 100,
+      Math.round(mean(trajectories.map((t) => t.turns.reduce((k, turn) => k + turn.toolCalls.length, 0))) * 100) / 100,
     trainSecondsPerStep: Math.round(mean(train.map((m) => m["timing/train_step"] as number)) * 100) / 100,
     ...(mode === "async"
       ? {
