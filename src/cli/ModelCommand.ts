@@ -2,7 +2,11 @@
  * `model info --model DIR`: architecture, parameter count and dtype of a HF checkpoint directory.
  * `model logprobs --model DIR --ids 1,5,9`: the log-prob of each id after the first given its prefix; the last
  * stdout line is `{"logprobs":[...]}`.
+ * `model export --model DIR|RUN_DIR --out DIR [--dtype f32|bf16]`: a checkpoint (or a run's latest) as a plain HF
+ * directory — config.json, safetensors, tokenizer files — that HF transformers or vLLM load.
  */
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
@@ -112,7 +116,58 @@ const logprobsCommand = Command.make(
     })
 ).pipe(Command.withDescription("Print the log-prob of each token id after the first, given its prefix"))
 
+/** A run directory means its latest checkpoint; anything else is taken as a checkpoint directory. */
+const resolveCheckpoint = (dir: string) =>
+  Effect.promise(async () => {
+    try {
+      const name = (await fs.readFile(path.join(dir, "checkpoints", "latest"), "utf8")).trim()
+      return path.join(dir, "checkpoints", name)
+    } catch {
+      return dir
+    }
+  })
+
+/** Write the model at `dir` (a checkpoint or a run directory) as a HF directory at `out`. */
+export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16") =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const source = yield* resolveCheckpoint(dir)
+      const { model } = yield* loadModel(source)
+      yield* Effect.tryPromise({
+        try: async () => {
+          await Checkpoint.save(model, out, { dtype })
+          for (const file of [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+            "chat_template.jinja"
+          ]) {
+            await fs.copyFile(path.join(source, file), path.join(out, file)).catch(() => undefined)
+          }
+        },
+        catch: (cause) =>
+          new CheckpointError({ path: out, message: cause instanceof Error ? cause.message : String(cause) })
+      })
+      return { event: "export", source, out, dtype, parameters: ModelConfig.parameterCount(model.config) }
+    })
+  )
+
+const exportCommand = Command.make(
+  "export",
+  {
+    model: modelFlag,
+    out: Flag.String("out").pipe(Flag.withDescription("the HF directory to write")),
+    dtype: Flag.Literals("dtype", ["f32", "bf16"]).pipe(Flag.withDefault("f32"), Flag.withDescription("weight dtype"))
+  },
+  ({ model, out, dtype }) =>
+    Effect.gen(function* () {
+      yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
+      const result = yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32")
+      yield* Console.log(JSON.stringify(result))
+    })
+).pipe(Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory"))
+
 export const command = Command.make("model").pipe(
-  Command.withDescription("Inspect and evaluate HF-layout checkpoints"),
-  Command.withSubcommands([infoCommand, logprobsCommand])
+  Command.withDescription("Inspect, evaluate and export HF-layout checkpoints"),
+  Command.withSubcommands([infoCommand, logprobsCommand, exportCommand])
 )

@@ -67,5 +67,14 @@ describe("train (configs/tiny.yaml, end to end)", () => {
     // the checkpoint is a model directory the CLI can load
     const info = Cli.run(["model", "info", "--model", join(runDir, "checkpoints", latest)])
     assert.strictEqual(info.code, 0, info.stderr)
+    // and `model export` turns the run's latest checkpoint into a plain HF directory (BF16 here)
+    const out = join(runDir, "export")
+    const exported = Cli.run(["model", "export", "--model", runDir, "--out", out, "--dtype", "bf16"])
+    assert.strictEqual(exported.code, 0, exported.stderr)
+    assert.strictEqual(JSON.parse(exported.lastLine).source, join(runDir, "checkpoints", "step-3"))
+    for (const file of ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]) {
+      assert.isTrue(existsSync(join(out, file)), file)
+    }
+    assert.strictEqual(JSON.parse(Cli.run(["model", "info", "--model", out]).lastLine).dtype, "BF16")
   }, 900_000)
 })
