@@ -5,7 +5,8 @@ what="$1"
 cc="${CC:-cc}"
 tmp="${TMPDIR:-/tmp}/effect-rl-blas-$$"
 printf 'void cblas_sgemm(void);\nint main(void){cblas_sgemm();return 0;}\n' > "$tmp.c"
-if "$cc" "$tmp.c" -o "$tmp.out" -lopenblas >/dev/null 2>&1; then
+# EFFECT_RL_NO_BLAS=1 forces the built-in SGEMM (to test it, or where OpenBLAS misbehaves).
+if [ "${EFFECT_RL_NO_BLAS:-0}" != "1" ] && "$cc" "$tmp.c" -o "$tmp.out" -lopenblas >/dev/null 2>&1; then
   case "$what" in
     libraries) echo "-lopenblas" ;;
     defines) echo "EFFECT_RL_OPENBLAS=1" ;;

@@ -47,15 +47,18 @@ class Pool {
     if (threads == threads_) return;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_release);
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     for (auto& t : workers_) t.join();
     workers_.clear();
-    stop_ = false;
+    stop_.store(false, std::memory_order_release);
     threads_ = threads;
-    for (int w = 1; w < threads_; w++) workers_.emplace_back([this, w] { loop(w); });
+    // The generation is read here, before the thread starts: read inside the thread, a resize racing its start could
+    // bump it first and the worker would wait for a generation that already came (a hang seen in practice).
+    uint64_t start = generation_.load(std::memory_order_acquire);
+    for (int w = 1; w < threads_; w++) workers_.emplace_back([this, w, start] { loop(w, start); });
   }
 
   // f(begin, end) over chunks of [0, n); runs inline when n is below `grain` work items per thread.
@@ -105,15 +108,15 @@ class Pool {
     if (begin < end) (*job_)(begin, end);
   }
 
-  void loop(int w) {
-    uint64_t seen = generation_.load(std::memory_order_acquire);
+  void loop(int w, uint64_t seen) {
     for (;;) {
-      if (!spinUntil([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+      auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
+      if (!spinUntil(ready)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        wake_.wait(lock, ready);
       }
+      if (stop_.load(std::memory_order_acquire)) return;
       seen = generation_.load(std::memory_order_acquire);
-      if (stop_) return;
       if (w < jobParts_) {
         runPart(w);
         if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -129,7 +132,7 @@ class Pool {
   std::mutex mutex_, callers_;
   std::condition_variable wake_, done_;
   std::atomic<uint64_t> generation_{0};
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t jobN_ = 0;
   int jobParts_ = 0;
