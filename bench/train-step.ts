@@ -7,6 +7,7 @@
  * Run: npm run bench -- train-step [--kernels native|stock] [--threads N] [--iters N] [--no-torch]
  */
 import * as tf from "@tensorflow/tfjs"
+import * as NativeKernels from "../src/backend/NativeKernels.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Transformer from "../src/model/Transformer.ts"
@@ -20,7 +21,7 @@ export const run = async (): Promise<void> => {
   const model = Harness.perfModel()
   const prng = Prng.make(1)
   const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * 512)))
-  const optimizer = tf.train.adam(1e-4)
+  const optimizer = backend.kernels === "native" ? NativeKernels.adam(1e-4) : tf.train.adam(1e-4)
   const variables = Transformer.trainableVariables(model)
   const step = () => {
     const loss = optimizer.minimize(

@@ -980,6 +980,43 @@ napi_value SegmentSum(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
+// adam(heap, value, grad, m, v, outValue, outM, outV, n, lr, beta1, beta2, eps, oneMinusAccBeta1, oneMinusAccBeta2):
+// one pass of tfjs' AdamOptimizer update, same operation order (m' = m·β1 + g·(1−β1), v' = v·β2 + g²·(1−β2),
+// value' = (m'/(1−β1ᵗ)) / (√(v'/(1−β2ᵗ)) + ε) · (−lr) + value).
+napi_value Adam(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t off[7];
+  for (int i = 0; i < 7; i++) off[i] = args.i64(1 + i);
+  int64_t n = args.i64(8);
+  float lr = (float)args.num(9), b1 = (float)args.num(10), b2 = (float)args.num(11), eps = (float)args.num(12);
+  float c1 = (float)args.num(13), c2 = (float)args.num(14);
+  float ob1 = (float)(1.0 - args.num(10)), ob2 = (float)(1.0 - args.num(11));
+  if (!args.ok) return nullptr;
+  for (int i = 0; i < 7; i++) {
+    if (!heap.contains(off[i], n)) {
+      args.fail("adam: tensor range outside the heap");
+      return nullptr;
+    }
+  }
+  calls++;
+  const float *value = heap.f32(off[0]), *grad = heap.f32(off[1]), *m = heap.f32(off[2]), *v = heap.f32(off[3]);
+  float *outValue = heap.f32(off[4]), *outM = heap.f32(off[5]), *outV = heap.f32(off[6]);
+  float negLr = -lr;
+  pool.parallelFor(n, 32768, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; i++) {
+      float g = grad[i];
+      float mi = m[i] * b1 + g * ob1;
+      float vi = v[i] * b2 + (g * g) * ob2;
+      outM[i] = mi;
+      outV[i] = vi;
+      outValue[i] = ((mi / c1) / (std::sqrt(vi / c2) + eps)) * negLr + value[i];
+    }
+  });
+  return undefinedValue(env);
+}
+
 napi_value SetThreads(napi_env env, napi_callback_info info) {
   Args args(env, info);
   int threads = (int)args.i64(0);
@@ -1024,7 +1061,7 @@ napi_value Init(napi_env env, napi_value exports) {
   };
   const Fn fns[] = {{"matmul", Matmul},   {"binary", Binary},         {"unary", Unary},
                      {"reduce", Reduce},   {"transpose", Transpose},   {"cast", Cast},
-                     {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum},
+                     {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum}, {"adam", Adam},
                      {"setThreads", SetThreads}, {"info", Info}};
   for (const Fn& fn : fns) {
     napi_value f;

@@ -389,12 +389,38 @@ describe.skipIf(!native.available)("NativeKernels", () => {
     Transformer.dispose(model)
   })
 
+  it("NativeAdam updates variables and moments as tf.train.adam does", () => {
+    const next = rng(10)
+    const initial = [randomTensor([33, 17], next), randomTensor([17], next)]
+    const target = randomTensor([5, 17], next)
+    const x = randomTensor([5, 33], next)
+    const train = (makeOptimizer: () => tf.Optimizer) => () => {
+      const [w, b] = initial.map((t) => tf.variable(t.clone()))
+      const optimizer = makeOptimizer()
+      for (let i = 0; i < 5; i++) {
+        optimizer.minimize(() => tf.mean(tf.square(tf.sub(tf.add(tf.matMul(x, w!), b!), target))), false, [w!, b!])
+      }
+      const out = [w!.clone(), b!.clone()]
+      tf.dispose([w!, b!])
+      optimizer.dispose()
+      return out
+    }
+    assertClose(
+      "NativeAdam",
+      bothWays(
+        train(() => NativeKernels.adam(0.01)),
+        train(() => tf.train.adam(0.01))
+      )
+    )
+    tf.dispose([...initial, target, x])
+  })
+
   it("runs many steps without leaking tensors or native memory", () => {
     NativeKernels.register("wasm")
     const next = rng(4)
     const w = tf.variable(randomTensor([64, 64], next))
     const x = randomTensor([128, 64], next)
-    const optimizer = tf.train.adam(1e-3)
+    const optimizer = NativeKernels.adam(1e-3)
     const step = () =>
       optimizer.minimize(() => tf.mean(tf.square(tf.matMul(tf.relu(tf.matMul(x, w)), w, false, true))), false)
     step() // optimizer slots are created on the first step
