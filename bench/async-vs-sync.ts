@@ -1,5 +1,5 @@
 /**
- * `npm run bench -- async-vs-sync [--latency-ms 200] [--steps 3] [--batch 2]`: the same tool-latency-bound GRPO run in both
+ * `npm run bench -- async-vs-sync [--latency-ms 200] [--steps 8] [--batch 2]`: the same tool-latency-bound GRPO run in both
  * pipeline modes, in one bench run. Prints as its last line
  * `{"bench":"async-vs-sync","sync":{"trajectoriesPerMin":…,"finalReward":…},"async":{…},"ratio":…}`
  * and writes bench/results/async-vs-sync.json.
@@ -27,7 +27,7 @@ const arg = (name: string, fallback: string): string => {
 }
 
 const latencyMs = Number(arg("latency-ms", "200"))
-const steps = Number(arg("steps", "3"))
+const steps = Number(arg("steps", "8"))
 const B = Number(arg("batch", "2")) // groups per step
 const n = 4 // trajectories per group
 const tools = ["add", "subtract", "multiply", "divide"]
