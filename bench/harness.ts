@@ -44,22 +44,35 @@ export const setUpBackend = async (): Promise<{ kernels: "native" | "stock"; thr
   return { kernels: registered > 0 ? "native" : "stock", threads: registered > 0 ? threads : 1, registered }
 }
 
-/** Median milliseconds of `iters` runs after `warmup` runs. */
-export const medianMs = async (run: () => void | Promise<void>, iters: number, warmup = 1): Promise<number> => {
+const median = (xs: Array<number>): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+
+/**
+ * Median wall and CPU milliseconds (CPU: all threads of the process) of `iters` runs after `warmup` runs. On a loaded
+ * machine wall time depends on the neighbours; CPU time much less so.
+ */
+export const medianMs = async (
+  run: () => void | Promise<void>,
+  iters: number,
+  warmup = 1
+): Promise<{ wall: number; cpu: number }> => {
   for (let i = 0; i < warmup; i++) await run()
-  const samples: Array<number> = []
+  const wall: Array<number> = []
+  const cpu: Array<number> = []
   for (let i = 0; i < iters; i++) {
     const start = performance.now()
+    const cpuStart = process.cpuUsage()
     await run()
-    samples.push(performance.now() - start)
+    const used = process.cpuUsage(cpuStart)
+    wall.push(performance.now() - start)
+    cpu.push((used.user + used.system) / 1000)
   }
-  samples.sort((a, b) => a - b)
-  return samples[Math.floor(samples.length / 2)]!
+  return { wall: median(wall), cpu: median(cpu) }
 }
 
 export interface Throughput {
   readonly msPerStep: number
   readonly tokensPerSec: number
+  readonly cpuMsPerStep: number // CPU time of all threads per step
 }
 
 export interface TorchResult extends Throughput {

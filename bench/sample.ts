@@ -33,14 +33,22 @@ export const run = async (): Promise<void> => {
     generated = out.reduce((n, c) => n + c.tokens.length, 0)
   }, iters)
   Transformer.dispose(model)
-  const effectRl: Harness.Throughput = { msPerStep: ms / newTokens, tokensPerSec: (generated * 1000) / ms }
+  const effectRl: Harness.Throughput = {
+    msPerStep: ms.wall / newTokens,
+    tokensPerSec: (generated * 1000) / ms.wall,
+    cpuMsPerStep: ms.cpu / newTokens
+  }
   const torch = process.argv.includes("--no-torch") ? undefined : Harness.runTorch("sample.py", backend.threads, iters)
   Harness.report({
     bench: "sample",
     threads: backend.threads,
     effectRl,
-    torch: torch === undefined ? null : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec },
+    torch:
+      torch === undefined
+        ? null
+        : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec, cpuMsPerStep: torch.cpuMsPerStep },
     ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
+    cpuRatio: torch === undefined ? null : torch.cpuMsPerStep / effectRl.cpuMsPerStep, // torch CPU ms / ours
     kernels: backend.kernels,
     torchThreads: torch?.threads ?? null,
     torchMatmulGflops: torch?.matmulGflops ?? null,

@@ -36,7 +36,11 @@ export const run = async (): Promise<void> => {
   const tensorsLeft = tf.memory().numTensors
   optimizer.dispose()
   Transformer.dispose(model)
-  const effectRl: Harness.Throughput = { msPerStep: ms, tokensPerSec: (B * T * 1000) / ms }
+  const effectRl: Harness.Throughput = {
+    msPerStep: ms.wall,
+    tokensPerSec: (B * T * 1000) / ms.wall,
+    cpuMsPerStep: ms.cpu
+  }
   const torch = process.argv.includes("--no-torch")
     ? undefined
     : Harness.runTorch("train_step.py", backend.threads, iters)
@@ -44,8 +48,12 @@ export const run = async (): Promise<void> => {
     bench: "train-step",
     threads: backend.threads,
     effectRl,
-    torch: torch === undefined ? null : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec },
+    torch:
+      torch === undefined
+        ? null
+        : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec, cpuMsPerStep: torch.cpuMsPerStep },
     ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
+    cpuRatio: torch === undefined ? null : torch.cpuMsPerStep / effectRl.cpuMsPerStep, // torch CPU ms / ours
     kernels: backend.kernels,
     torchThreads: torch?.threads ?? null,
     torchMatmulGflops: torch?.matmulGflops ?? null,

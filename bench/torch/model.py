@@ -84,15 +84,17 @@ class Model(torch.nn.Module):
         return F.linear(x, self.embed), cache
 
 
-def median_seconds(run, iters, warmup=1):
+def median_seconds(run, iters, warmup=1, cpu=False):
+    """Median wall seconds of `iters` runs (with cpu=True: (wall, CPU seconds of all threads))."""
     for _ in range(warmup):
         run()
-    samples = []
+    samples, cpus = [], []
     for _ in range(iters):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         run()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        cpus.append(time.process_time() - cpu_start)
+    return (statistics.median(samples), statistics.median(cpus)) if cpu else statistics.median(samples)
 
 
 def matmul_gflops(threads):

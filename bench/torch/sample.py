@@ -1,6 +1,6 @@
 """KV-cache sampling with the perf model in PyTorch: batch 8, prompt 32, 96 new tokens, temperature 1 (softmax +
 multinomial per step), under no_grad. Usage: sample.py THREADS ITERS. Prints one JSON line:
-{"threads", "msPerStep", "tokensPerSec", "matmulGflops"} (msPerStep: one decode step, i.e. one token for each row)."""
+{"threads", "msPerStep", "tokensPerSec", "matmulGflops", "cpuMsPerStep"} (msPerStep: one decode step, i.e. one token for each row)."""
 import sys
 
 import torch
@@ -29,5 +29,5 @@ def generate():
 threads = pick_threads(max_threads, generate)
 gflops = matmul_gflops(threads)
 torch.set_num_threads(threads)
-s = median_seconds(generate, iters)
-emit(dict(threads=threads, msPerStep=s * 1000 / NEW, tokensPerSec=B * NEW / s, matmulGflops=gflops))
+s, cpu = median_seconds(generate, iters, cpu=True)
+emit(dict(threads=threads, msPerStep=s * 1000 / NEW, tokensPerSec=B * NEW / s, matmulGflops=gflops, cpuMsPerStep=cpu * 1000 / NEW))

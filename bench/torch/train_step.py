@@ -1,6 +1,6 @@
 """Train step of the perf model in PyTorch: forward + backward + Adam on −mean token log-prob, batch 8 × 128 tokens
 (the same loss as effect-rl's LogProbs.ofSequences: position 0 counts as log-prob 0). Usage: train_step.py THREADS ITERS.
-Prints one JSON line: {"threads", "msPerStep", "tokensPerSec", "matmulGflops"}."""
+Prints one JSON line: {"threads", "msPerStep", "tokensPerSec", "matmulGflops", "cpuMsPerStep"}."""
 import sys
 
 import torch
@@ -29,5 +29,5 @@ def step():
 threads = pick_threads(max_threads, step)
 gflops = matmul_gflops(threads)
 torch.set_num_threads(threads)
-s = median_seconds(step, iters)
-emit(dict(threads=threads, msPerStep=s * 1000, tokensPerSec=B * T / s, matmulGflops=gflops))
+s, cpu = median_seconds(step, iters, cpu=True)
+emit(dict(threads=threads, msPerStep=s * 1000, tokensPerSec=B * T / s, matmulGflops=gflops, cpuMsPerStep=cpu * 1000 / 1))
