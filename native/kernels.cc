@@ -249,6 +249,88 @@ void gemmRows(bool ta, bool tb, int M, int N, int K, const float* A, const float
 #endif
 }
 
+
+// Few rows (decode steps: M = batch ≤ 16): stream B once, rows of C stay in L1. BLAS GEMMs pack all of B per call,
+// which costs more than the multiply at this size. Columns [n0, n1) of C.
+constexpr int kSmallM = 16;
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, unaligned access allowed
+
+void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  int j0 = n0;
+  // 4 rows × 64 columns of C in 16 vector registers; B streamed once per 4 rows.
+  for (; j0 + 64 <= n1; j0 += 64) {
+    int i0 = 0;
+    for (; i0 + 4 <= M; i0 += 4) {
+      v16 c[4][4] = {};
+      const float* a0 = A + (int64_t)i0 * K;
+      for (int k = 0; k < K; k++) {
+        const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
+        v16 b0 = b[0], b1 = b[1], b2 = b[2], b3 = b[3];
+        for (int r = 0; r < 4; r++) {
+          float a = a0[(int64_t)r * K + k];
+          c[r][0] += a * b0;
+          c[r][1] += a * b1;
+          c[r][2] += a * b2;
+          c[r][3] += a * b3;
+        }
+      }
+      for (int r = 0; r < 4; r++) {
+        v16* out = reinterpret_cast<v16*>(C + (int64_t)(i0 + r) * N + j0);
+        out[0] = c[r][0];
+        out[1] = c[r][1];
+        out[2] = c[r][2];
+        out[3] = c[r][3];
+      }
+    }
+    for (; i0 < M; i0++) {
+      v16 c[4] = {};
+      const float* a0 = A + (int64_t)i0 * K;
+      for (int k = 0; k < K; k++) {
+        const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
+        float a = a0[k];
+        c[0] += a * b[0];
+        c[1] += a * b[1];
+        c[2] += a * b[2];
+        c[3] += a * b[3];
+      }
+      v16* out = reinterpret_cast<v16*>(C + (int64_t)i0 * N + j0);
+      for (int t = 0; t < 4; t++) out[t] = c[t];
+    }
+  }
+  // Column tail (< 64): plain loops.
+  if (j0 < n1) {
+    int nb = n1 - j0;
+    for (int i = 0; i < M; i++) {
+      float acc[64] = {0};
+      for (int k = 0; k < K; k++) {
+        float a = A[(int64_t)i * K + k];
+        const float* b = B + (int64_t)k * N + j0;
+        for (int j = 0; j < nb; j++) acc[j] += a * b[j];
+      }
+      std::memcpy(C + (int64_t)i * N + j0, acc, sizeof(float) * nb);
+    }
+  }
+}
+
+// B stored [N, K] (transposeB): C[i, j] = A[i, :] · B[j, :], dot products over contiguous rows.
+void smallGemmNT(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  for (int j = n0; j < n1; j++) {
+    const float* b = B + (int64_t)j * K;
+    for (int i = 0; i < M; i++) {
+      const float* a = A + (int64_t)i * K;
+      float part[16] = {0};
+      int k = 0;
+      for (; k + 16 <= K; k += 16)
+        for (int t = 0; t < 16; t++) part[t] += a[k + t] * b[k + t];
+      float sum = 0.0f;
+      for (; k < K; k++) sum += a[k] * b[k];
+      for (int t = 0; t < 16; t++) sum += part[t];
+      C[(int64_t)i * N + j] = sum;
+    }
+  }
+}
+
 enum Activation { kLinear = 0, kRelu = 1, kRelu6 = 2, kElu = 3, kLeakyRelu = 4, kSigmoid = 5 };
 
 void epilogue(float* C, int64_t rows, int N, const float* bias, int act, float alpha) {
@@ -404,7 +486,24 @@ napi_value Matmul(napi_env env, napi_callback_info info) {
     gemmRows(ta, tb, M, N, K, A + ia, B + ib, C + b * cSize, r0, r1);
   };
   int64_t flops = (int64_t)M * N * std::max(K, 1);
-  if (batch >= pool.size()) {
+  if (M <= kSmallM && !ta && K > 0) {
+    // Split the columns: each thread streams its share of B once.
+    int64_t colBlocks = (N + 63) / 64;
+    for (int64_t b = 0; b < batch; b++) {
+      const float* a = A + (aIndex ? aIndex[b] : b * aStride);
+      const float* bm = B + (bIndex ? bIndex[b] : b * bStride);
+      float* c = C + b * cSize;
+      pool.parallelFor(colBlocks, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (int64_t)M * K * 64)),
+                       [&](int64_t c0, int64_t c1) {
+                         int n0 = (int)(c0 * 64), n1 = (int)std::min<int64_t>(N, c1 * 64);
+                         if (tb) {
+                           smallGemmNT(M, N, K, a, bm, c, n0, n1);
+                         } else {
+                           smallGemmNN(M, N, K, a, bm, c, n0, n1);
+                         }
+                       });
+    }
+  } else if (batch >= pool.size()) {
     // Whole matrices per thread.
     pool.parallelFor(batch, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, flops)), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; b++) rowsOf(b, 0, M);
