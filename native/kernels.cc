@@ -1116,6 +1116,30 @@ napi_value Adam(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
+// copyBlocks(heap, src, dst, outer, srcStride, dstStride, chunk) — all in bytes: dst[o·dstStride + :chunk] =
+// src[o·srcStride + :chunk] for o < outer. Concat and SplitV are one call per input/output.
+napi_value CopyBlocks(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t src = args.i64(1), dst = args.i64(2), outer = args.i64(3), srcStride = args.i64(4), dstStride = args.i64(5),
+          chunk = args.i64(6);
+  if (!args.ok) return nullptr;
+  if (outer <= 0 || chunk <= 0) return undefinedValue(env);
+  auto inside = [&](int64_t off, int64_t stride) {
+    return off >= 0 && stride >= 0 && (uint64_t)off + (uint64_t)(outer - 1) * stride + chunk <= heap.length;
+  };
+  if (!inside(src, srcStride) || !inside(dst, dstStride)) {
+    args.fail("copyBlocks: range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(outer, std::max<int64_t>(1, 65536 / chunk), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; o++) std::memcpy(heap.base + dst + o * dstStride, heap.base + src + o * srcStride, chunk);
+  });
+  return undefinedValue(env);
+}
+
 napi_value SetThreads(napi_env env, napi_callback_info info) {
   Args args(env, info);
   int threads = (int)args.i64(0);
@@ -1160,7 +1184,7 @@ napi_value Init(napi_env env, napi_value exports) {
   };
   const Fn fns[] = {{"matmul", Matmul},   {"binary", Binary},         {"unary", Unary},
                      {"reduce", Reduce},   {"transpose", Transpose},   {"cast", Cast},
-                     {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum}, {"adam", Adam},
+                     {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum}, {"adam", Adam}, {"copyBlocks", CopyBlocks},
                      {"setThreads", SetThreads}, {"info", Info}};
   for (const Fn& fn : fns) {
     napi_value f;

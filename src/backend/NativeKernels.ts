@@ -101,6 +101,16 @@ interface Addon {
     oneMinusAccBeta1: number,
     oneMinusAccBeta2: number
   ) => void
+  /** Byte copies: dst[o·dstStride + :chunk] = src[o·srcStride + :chunk] for o < outer. */
+  readonly copyBlocks: (
+    heap: Uint8Array,
+    src: number,
+    dst: number,
+    outer: number,
+    srcStride: number,
+    dstStride: number,
+    chunk: number
+  ) => void
   readonly segmentSum: (
     heap: Uint8Array,
     x: number,
@@ -533,7 +543,76 @@ const segmentSumKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
   return out
 }
 
+// --- concat / split: one strided block copy per input or output
+
+const elementBytes = (dtype: tf.DataType): number | undefined =>
+  dtype === "float32" || dtype === "int32" ? 4 : dtype === "bool" ? 1 : undefined
+
+const concatKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const tensors = Object.values(inputs) as Array<tf.TensorInfo>
+  const { axis } = attrs as unknown as { axis: number }
+  const first = tensors[0]
+  if (first === undefined) return undefined
+  const bytes = elementBytes(first.dtype)
+  if (bytes === undefined || tensors.some((t) => t.dtype !== first.dtype)) return undefined
+  const [a] = tf.util.parseAxisParam(axis, [...first.shape])
+  if (a === undefined) return undefined
+  let outShape: Array<number>
+  try {
+    outShape = tf.backend_util.computeOutShape(
+      tensors.map((t) => [...t.shape]),
+      a
+    )
+  } catch {
+    return undefined
+  }
+  const out = backend.makeOutput(outShape, first.dtype)
+  const outer = sizeOf(outShape.slice(0, a))
+  const dstStride = sizeOf(outShape.slice(a)) * bytes
+  const heap = backend.wasm.HEAPU8
+  const dst = offsetOf(backend, out)
+  let offset = 0
+  for (const t of tensors) {
+    const chunk = sizeOf(t.shape.slice(a)) * bytes
+    if (chunk > 0 && outer > 0)
+      addon.copyBlocks(heap, offsetOf(backend, t), dst + offset, outer, chunk, dstStride, chunk)
+    offset += chunk
+  }
+  return out
+}
+
+const splitKernel: NativeKernel = (addon, { inputs, backend, attrs }) => {
+  const { x } = inputs as { x: tf.TensorInfo }
+  const { numOrSizeSplits, axis } = attrs as unknown as { numOrSizeSplits: number | Array<number>; axis: number }
+  const bytes = elementBytes(x.dtype)
+  if (bytes === undefined) return undefined
+  const [a] = tf.util.parseAxisParam(axis, [...x.shape])
+  if (a === undefined) return undefined
+  const sizes = tf.backend_util.prepareSplitSize(x, numOrSizeSplits, a)
+  const outer = sizeOf(x.shape.slice(0, a))
+  const inner = sizeOf(x.shape.slice(a + 1)) * bytes
+  const srcStride = x.shape[a]! * inner
+  const outs = sizes.map((size) =>
+    backend.makeOutput(
+      x.shape.map((n, d) => (d === a ? size : n)),
+      x.dtype
+    )
+  )
+  const heap = backend.wasm.HEAPU8 // after every makeOutput
+  const src = offsetOf(backend, x)
+  let offset = 0
+  outs.forEach((out, i) => {
+    const chunk = sizes[i]! * inner
+    if (chunk > 0 && outer > 0)
+      addon.copyBlocks(heap, src + offset, offsetOf(backend, out), outer, srcStride, chunk, chunk)
+    offset += chunk
+  })
+  return outs
+}
+
 const kernels: Record<string, NativeKernel> = {
+  Concat: concatKernel,
+  SplitV: splitKernel,
   GatherV2: gatherKernel,
   UnsortedSegmentSum: segmentSumKernel,
   Add: binaryKernel(0, false),

@@ -354,6 +354,28 @@ describe.skipIf(!native.available)("NativeKernels", () => {
     tf.dispose([table, ids, dy, rows])
   })
 
+  it("concat and split match stock on every axis", () => {
+    const next = rng(11)
+    const a = randomTensor([2, 3, 4], next)
+    const b = randomTensor([2, 3, 5], next)
+    const c = randomTensor([2, 1, 4], next)
+    assertClose(
+      "concat/split",
+      bothWays(() => [
+        tf.concat([a, b], 2),
+        tf.concat([a, c, a], 1),
+        tf.concat([a, a], 0),
+        tf.concat([tf.zeros([2, 0, 4]), a], 1),
+        tf.cast(tf.concat([tf.greater(a, 0), tf.greater(c, 0)], 1), "float32"),
+        tf.concat([tf.tensor1d([1, 2], "int32"), tf.tensor1d([3], "int32")]).cast("float32"),
+        ...tf.split(b, [2, 3], 2),
+        ...tf.split(a, 3, 1),
+        ...tf.split(a, [1, -1], 0)
+      ])
+    )
+    tf.dispose([a, b, c])
+  })
+
   it("a transformer's loss and gradients match stock", () => {
     const config = ModelConfig.fromInit({
       architecture: "qwen3",
