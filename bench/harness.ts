@@ -112,11 +112,16 @@ export const runTorch = (script: string, threads: number, iters: number): TorchR
   return result
 }
 
-/** Print the result as the last stdout line and write it to bench/results/<bench>.json. */
-export const report = (result: { readonly bench: string } & Record<string, unknown>): void => {
-  const file = path.join(import.meta.dirname, "results", `${result.bench}.json`)
-  fs.mkdirSync(path.dirname(file), { recursive: true })
-  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
+/**
+ * Print the result as the last stdout line and write it to bench/results/<bench>.json (only full runs, with the torch
+ * peer: a `--no-torch` run does not replace the recorded comparison).
+ */
+export const report = (result: { readonly bench: string; readonly torch: unknown } & Record<string, unknown>): void => {
+  if (result.torch !== null) {
+    const file = path.join(import.meta.dirname, "results", `${result.bench}.json`)
+    fs.mkdirSync(path.dirname(file), { recursive: true })
+    fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
+  }
   console.log(JSON.stringify(result))
 }
 

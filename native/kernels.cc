@@ -994,20 +994,28 @@ napi_value Softmax(napi_env env, napi_callback_info info) {
     for (int64_t r = r0; r < r1; r++) {
       const float* x = heap.f32(xOff) + r * n;
       float* y = heap.f32(outOff) + r * n;
+      // 16 partial maxima / sums: float reductions only vectorise when split by hand (no -ffast-math here).
+      float part[16];
+      for (int t = 0; t < 16; t++) part[t] = -INFINITY;
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16)
+        for (int t = 0; t < 16; t++) part[t] = std::max(part[t], x[i + t]);
       float m = -INFINITY;
-      for (int64_t i = 0; i < n; i++) m = std::max(m, x[i]);
+      for (; i < n; i++) m = std::max(m, x[i]);
+      for (int t = 0; t < 16; t++) m = std::max(m, part[t]);
+      for (i = 0; i < n; i++) y[i] = fastExp(x[i] - m);
+      for (int t = 0; t < 16; t++) part[t] = 0.0f;
+      for (i = 0; i + 16 <= n; i += 16)
+        for (int t = 0; t < 16; t++) part[t] += y[i + t];
       float sum = 0.0f;
+      for (; i < n; i++) sum += y[i];
+      for (int t = 0; t < 16; t++) sum += part[t];
       if (log) {
-        for (int64_t i = 0; i < n; i++) sum += fastExp(x[i] - m);
         float lse = m + std::log(sum);
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] - lse;
+        for (i = 0; i < n; i++) y[i] = x[i] - lse;
       } else {
-        for (int64_t i = 0; i < n; i++) {
-          y[i] = fastExp(x[i] - m);
-          sum += y[i];
-        }
         float inv = 1.0f / sum;
-        for (int64_t i = 0; i < n; i++) y[i] *= inv;
+        for (i = 0; i < n; i++) y[i] *= inv;
       }
     }
   });
