@@ -43,6 +43,7 @@ class Pool {
   int size() const { return threads_; }
 
   void resize(int threads) {
+    std::lock_guard<std::mutex> caller(callers_);  // never while a job runs (another worker_thread may be mid-kernel)
     threads = std::max(1, std::min(threads, 64));
     if (threads == threads_) return;
     {
