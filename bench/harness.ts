@@ -113,10 +113,12 @@ export const runTorch = (script: string, threads: number, iters: number): TorchR
 }
 
 /**
- * Print the result as the last stdout line and write it to bench/results/<bench>.json (only full runs, with the torch
- * peer: a `--no-torch` run does not replace the recorded comparison).
+ * Print the result as the last stdout line and write it to bench/results/<bench>.json (only full runs: a `--no-torch`
+ * run, `torch: null`, does not replace the recorded comparison; benches without a torch peer always write).
  */
-export const report = (result: { readonly bench: string; readonly torch: unknown } & Record<string, unknown>): void => {
+export const report = (
+  result: { readonly bench: string; readonly torch?: unknown } & Record<string, unknown>
+): void => {
   if (result.torch !== null) {
     const file = path.join(import.meta.dirname, "results", `${result.bench}.json`)
     fs.mkdirSync(path.dirname(file), { recursive: true })

@@ -5,10 +5,12 @@
  * be installed in every environment), else wasm, else the pure-JS cpu backend.
  */
 
+import { availableParallelism } from "node:os"
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
 import * as MissingKernels from "./MissingKernels.ts"
+import * as NativeKernels from "./NativeKernels.ts"
 
 export type ResolvedBackend = Exclude<BackendName, "auto">
 
@@ -75,14 +77,22 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
       continue
     }
     const tfjsName = tf.getBackend()
-    const addedKernels = MissingKernels.register(tfjsName)
+    // After MissingKernels: the native UnsortedSegmentSum replaces the JS one and keeps it as its fallback.
+    const missing = MissingKernels.register(tfjsName)
+    const native = config.kernels === "native" ? NativeKernels.register(tfjsName, config.threads) : []
     const info: BackendInfo = {
       name,
       tfjsName,
-      // wasm in Node runs single-threaded whatever setThreadsCount says (measured); native uses the env setting.
-      threads: name === "wasm" || name === "cpu" ? 1 : config.threads,
-      kernels: config.kernels,
-      addedKernels
+      // wasm in Node runs single-threaded whatever setThreadsCount says (measured); our native kernels use their own
+      // thread pool; tensorflow uses the env setting.
+      threads:
+        native.length > 0
+          ? config.threads || availableParallelism()
+          : name === "wasm" || name === "cpu"
+            ? 1
+            : config.threads,
+      kernels: native.length > 0 ? "native" : "stock",
+      addedKernels: [...missing, ...native]
     }
     if (config.name === "auto") {
       yield* Effect.logInfo(

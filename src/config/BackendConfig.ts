@@ -8,6 +8,8 @@ export type BackendName = typeof BackendName.Type
 export const BackendConfig = Schema.Struct({
   name: BackendName.pipe(withDefault("auto")),
   threads: NonNegativeInt.pipe(withDefault(0)), // 0 = as many as the backend's default (cores)
-  kernels: Schema.Literals(["native", "stock"]).pipe(withDefault("stock")) // native = our N-API kernels when built
+  // native: effect-rl's N-API CPU kernels (native/, built by npm ci) on the wasm backend; falls back to stock with one
+  // warning when they did not build. stock: tfjs's own kernels.
+  kernels: Schema.Literals(["native", "stock"]).pipe(withDefault("native"))
 })
 export type BackendConfig = typeof BackendConfig.Type
