@@ -1,0 +1,125 @@
+/**
+ * Picks the quickstart policy size: for a few ByteTokenizer qwen3 sizes, times (a) an SFT/RL train step on
+ * 8 sequences of 480 tokens (a whole toolbox demo with `tool_prompt: none` is ≈ 480 bytes) and (b) KV-cache
+ * sampling of 32 rows (8 prompts × 4 samples), prompt 48, 64 new tokens (one assistant turn is ≈ 60–90 bytes).
+ * Reports wall and CPU seconds (CPU time is robust to other processes on the cores) and the load average.
+ *
+ * Run: npx node bench/quickstart-sizes.ts [--kernels native|stock] [--iters N]
+ */
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import * as tf from "@tensorflow/tfjs"
+import { Effect } from "effect"
+import * as TensorBackend from "../src/backend/TensorBackend.ts"
+import * as LogProbs from "../src/model/LogProbs.ts"
+import * as ModelConfig from "../src/model/ModelConfig.ts"
+import * as Prng from "../src/model/Prng.ts"
+import * as Sampling from "../src/model/Sampling.ts"
+import * as Transformer from "../src/model/Transformer.ts"
+
+const arg = (name: string, fallback: string): string => {
+  const i = process.argv.indexOf(`--${name}`)
+  return i >= 0 ? process.argv[i + 1]! : fallback
+}
+const kernels = arg("kernels", "native") as "native" | "stock"
+const iters = Number(arg("iters", "2"))
+await Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels }))
+
+const sizes = [
+  { hidden: 64, layers: 2, heads: 4, kv: 2, headDim: 16, mlp: 192 },
+  { hidden: 96, layers: 3, heads: 4, kv: 2, headDim: 24, mlp: 288 },
+  { hidden: 128, layers: 4, heads: 4, kv: 2, headDim: 32, mlp: 384 }
+]
+
+const time = async (run: () => void | Promise<void>) => {
+  await run()
+  const wall: Array<number> = []
+  const cpu: Array<number> = []
+  for (let i = 0; i < iters; i++) {
+    const start = performance.now()
+    const c = process.cpuUsage()
+    await run()
+    const u = process.cpuUsage(c)
+    cpu.push((u.user + u.system) / 1e6)
+    wall.push((performance.now() - start) / 1000)
+  }
+  const median = (xs: Array<number>) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+  return { wall: median(wall), cpu: median(cpu) }
+}
+
+const rows: Array<unknown> = []
+for (const s of sizes) {
+  const config = ModelConfig.fromInit({
+    architecture: "qwen3",
+    vocab_size: 320,
+    hidden_size: s.hidden,
+    intermediate_size: s.mlp,
+    num_hidden_layers: s.layers,
+    num_attention_heads: s.heads,
+    num_key_value_heads: s.kv,
+    head_dim: s.headDim,
+    max_position_embeddings: 1024,
+    tie_word_embeddings: true,
+    rope_theta: 10000,
+    rms_norm_eps: 1e-6
+  })
+  const model = Transformer.init(config, 0)
+  const prng = Prng.make(1)
+  const B = 8
+  const T = 480
+  const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * 256)))
+  const optimizer = tf.train.adam(1e-4)
+  const vars = Transformer.trainableVariables(model)
+  const train = await time(() => {
+    const loss = optimizer.minimize(
+      () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
+      true,
+      vars
+    )
+    loss!.dataSync()
+    loss!.dispose()
+  })
+  const prompts = Array.from({ length: 32 }, (_, i) => ids[i % B]!.slice(0, 48))
+  let generated = 0
+  const sample = await time(async () => {
+    const out = await Sampling.generate(
+      model,
+      prompts.map((promptIds, i) => ({
+        promptIds,
+        sampling: { ...Sampling.defaultParams, temperature: 1, maxNewTokens: 64, seed: i }
+      }))
+    )
+    generated = out.reduce((n, c) => n + c.tokens.length, 0)
+  })
+  const row = {
+    ...s,
+    parameters: ModelConfig.parameterCount(config),
+    train: { batch: B, tokens: T, ...train, tokens_per_s: (B * T) / train.wall, tokens_per_cpu_s: (B * T) / train.cpu },
+    sample: {
+      rows: 32,
+      prompt: 48,
+      generated,
+      ...sample,
+      tokens_per_s: generated / sample.wall,
+      tokens_per_cpu_s: generated / sample.cpu
+    },
+    loadavg_1m: os.loadavg()[0]
+  }
+  console.log(JSON.stringify(row))
+  rows.push(row)
+  optimizer.dispose()
+  Transformer.dispose(model)
+}
+const result = {
+  bench: "quickstart-sizes",
+  backend: tf.getBackend(),
+  kernels,
+  sizes: rows,
+  cpu: os.cpus()[0]?.model ?? "unknown",
+  cores: os.cpus().length,
+  node: process.version,
+  date: new Date().toISOString()
+}
+const out = path.join(import.meta.dirname, "results", `quickstart-sizes-${kernels}.json`)
+fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)

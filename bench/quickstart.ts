@@ -1,0 +1,74 @@
+/**
+ * The quickstart's acceptance run: `node dist/main.js train --config configs/quickstart.yaml` (build first:
+ * `npm run build`), timed from spawn to exit, with the load average sampled every 5 s while it runs (the cores may
+ * be shared: the figure says what the run competed with). Writes bench/results/quickstart.json:
+ * `{ seconds, steps, evalBefore, evalAfter, delta, machineLoad, backend, ... }`, delta = the change of
+ * `all.avg_score` (the goal is ≥ 0.30 in ≤ 600 s on 2 cores).
+ *
+ * Run: npm run build && npx node bench/quickstart.ts [--config configs/quickstart.yaml] [--note "..."] [extra overrides after --]
+ */
+import { spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+
+const arg = (name: string, fallback: string): string => {
+  const i = process.argv.indexOf(`--${name}`)
+  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
+}
+const config = arg("config", "configs/quickstart.yaml")
+const note = arg("note", "")
+const dash = process.argv.indexOf("--")
+const overrides = dash >= 0 ? process.argv.slice(dash + 1) : []
+
+const loads: Array<number> = []
+const sampler = setInterval(() => loads.push(os.loadavg()[0]!), 5000)
+const start = performance.now()
+const child = spawn(process.execPath, ["dist/main.js", "train", "--config", config, ...overrides], {
+  stdio: ["ignore", "pipe", "inherit"]
+})
+let stdout = ""
+child.stdout.on("data", (chunk: Buffer) => {
+  stdout += chunk.toString()
+})
+const code: number = await new Promise((resolve) => child.on("close", (c) => resolve(c ?? 1)))
+const seconds = (performance.now() - start) / 1000
+clearInterval(sampler)
+if (code !== 0) {
+  console.error(`train exited with ${code}`)
+  process.exit(code)
+}
+const lines = stdout.trim().split("\n")
+const summary = JSON.parse(lines[lines.length - 1]!) as {
+  steps: number
+  seconds: number
+  runDir: string
+  evalBefore?: { all: { avg_score: number; pass_at_n: number; prompts: number } }
+  evalAfter?: { all: { avg_score: number; pass_at_n: number; prompts: number } }
+}
+const resolved = fs.readFileSync(path.join(summary.runDir, "config.yaml"), "utf8")
+const field = (key: string) => resolved.match(new RegExp(`^\\s*${key}: (.*)$`, "m"))?.[1]
+const before = summary.evalBefore?.all
+const after = summary.evalAfter?.all
+const mean = (xs: Array<number>) => (xs.length === 0 ? os.loadavg()[0]! : xs.reduce((a, b) => a + b, 0) / xs.length)
+const result = {
+  bench: "quickstart",
+  config,
+  overrides,
+  seconds,
+  pipelineSeconds: summary.seconds,
+  steps: summary.steps,
+  evalBefore: summary.evalBefore,
+  evalAfter: summary.evalAfter,
+  delta: before !== undefined && after !== undefined ? after.avg_score - before.avg_score : null,
+  goal: { seconds: 600, delta: 0.3 },
+  machineLoad: { loadavg1mMean: mean(loads), loadavg1mMax: Math.max(...loads, 0), cores: os.cpus().length },
+  backend: { name: field("name"), kernels: field("kernels") },
+  cpu: os.cpus()[0]?.model ?? "unknown",
+  node: process.version,
+  date: new Date().toISOString(),
+  note
+}
+console.log(JSON.stringify(result))
+const out = path.join(import.meta.dirname, "results", "quickstart.json")
+fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)
