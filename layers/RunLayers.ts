@@ -187,6 +187,29 @@ const weightSyncOf = (c: RunConfig, runDir: string) =>
     }
   })
 
+/** The policy trainer as the config describes it; `totalSteps` sets the LR schedule and the KL controller. */
+const trainerLayer = (c: RunConfig, totalSteps: number) =>
+  PolicyTrainer.layer({
+    trainer: c.trainer,
+    samplesPerPrompt: c.generator.n_samples_per_prompt,
+    temperature: c.generator.sampling.temperature > 0 ? c.generator.sampling.temperature : 1,
+    totalSteps,
+    zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
+    overlongFiltering: c.generator.apply_overlong_filtering,
+    zeroVarianceFilter: c.generator.zero_variance_filter,
+    stepWise: c.generator.step_wise
+  })
+
+/** Checkpoints under the run directory, each with the run's tokenizer files. */
+const checkpointerLayer = (c: RunConfig, runDir: string) =>
+  Layer.effect(
+    Checkpointer.Checkpointer,
+    Effect.gen(function* () {
+      const tok = yield* Tokenizer
+      return Checkpointer.make({ runDir, keepN: c.checkpoint.keep_n, tokenizer: tok.impl })
+    })
+  )
+
 /** Everything a training run needs. Initialises the tensor backend before any tensor exists. */
 export const training = (c: RunConfig, options: RunOptions) =>
   Layer.unwrap(
@@ -197,23 +220,8 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const engine = inference(c)
       const weightSync = yield* weightSyncOf(c, options.runDir)
-      const trainer = PolicyTrainer.layer({
-        trainer: c.trainer,
-        samplesPerPrompt: c.generator.n_samples_per_prompt,
-        temperature: c.generator.sampling.temperature > 0 ? c.generator.sampling.temperature : 1,
-        totalSteps: SyncPipeline.totalSteps(c, options.trainRows),
-        zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
-        overlongFiltering: c.generator.apply_overlong_filtering,
-        zeroVarianceFilter: c.generator.zero_variance_filter,
-        stepWise: c.generator.step_wise
-      })
-      const checkpointer = Layer.effect(
-        Checkpointer.Checkpointer,
-        Effect.gen(function* () {
-          const tok = yield* Tokenizer
-          return Checkpointer.make({ runDir: options.runDir, keepN: c.checkpoint.keep_n, tokenizer: tok.impl })
-        })
-      )
+      const trainer = trainerLayer(c, SyncPipeline.totalSteps(c, options.trainRows))
+      const checkpointer = checkpointerLayer(c, options.runDir)
       const store = Layer.mergeAll(
         EpisodeLog.layer(options.runDir),
         Metrics.layer(options.runDir, { progress: c.logging.progress })
@@ -236,22 +244,8 @@ export const replay = (c: RunConfig, options: { readonly runDir: string; readonl
     Effect.gen(function* () {
       const backend = yield* TensorBackend.initialise(c.backend)
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
-      const trainer = PolicyTrainer.layer({
-        trainer: c.trainer,
-        samplesPerPrompt: c.generator.n_samples_per_prompt,
-        temperature: c.generator.sampling.temperature > 0 ? c.generator.sampling.temperature : 1,
-        totalSteps: options.totalSteps,
-        zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
-        overlongFiltering: c.generator.apply_overlong_filtering,
-        zeroVarianceFilter: c.generator.zero_variance_filter
-      })
-      const checkpointer = Layer.effect(
-        Checkpointer.Checkpointer,
-        Effect.gen(function* () {
-          const tok = yield* Tokenizer
-          return Checkpointer.make({ runDir: options.runDir, keepN: c.checkpoint.keep_n, tokenizer: tok.impl })
-        })
-      )
+      const trainer = trainerLayer(c, options.totalSteps)
+      const checkpointer = checkpointerLayer(c, options.runDir)
       const metrics = Metrics.layer(options.runDir, { progress: c.logging.progress }).pipe(
         Layer.provide(NodeServices.layer)
       )

@@ -87,16 +87,7 @@ export const update = (
     )
     collected.push(Diagnostics.read(result.metrics))
     result.value.dispose()
-    if (accumulated === undefined) accumulated = result.grads
-    else {
-      const next: tf.NamedTensorMap = {}
-      for (const [name, g] of Object.entries(result.grads)) {
-        next[name] = tf.add(accumulated[name]!, g)
-        accumulated[name]!.dispose()
-        g.dispose()
-      }
-      accumulated = next
-    }
+    accumulated = Optimizer.accumulate(accumulated, result.grads)
   }
   if (accumulated === undefined) return {}
   const gradNorm = critic.optimizer.apply(accumulated, options.lr)

@@ -38,6 +38,18 @@ export interface AdamW {
   readonly dispose: () => void
 }
 
+/** Gradient accumulation: the sum of `accumulated` and `grads`, name by name; both inputs are disposed. */
+export const accumulate = (accumulated: tf.NamedTensorMap | undefined, grads: tf.NamedTensorMap): tf.NamedTensorMap => {
+  if (accumulated === undefined) return grads
+  const sum: tf.NamedTensorMap = {}
+  for (const [name, g] of Object.entries(grads)) {
+    sum[name] = tf.add(accumulated[name]!, g)
+    accumulated[name]!.dispose()
+    g.dispose()
+  }
+  return sum
+}
+
 export const globalNorm = (grads: ReadonlyArray<tf.Tensor>): tf.Scalar =>
   tf.tidy(() => tf.sqrt(tf.addN(grads.map((g) => tf.sum(tf.square(g))))) as tf.Scalar)
 

@@ -217,16 +217,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         throw new Error(`non-finite loss (${lossValue}) at step ${step}, rows ${a}..${b}: ${JSON.stringify(values)}`)
       }
       collected.push(values)
-      if (accumulated === undefined) accumulated = result.grads
-      else {
-        const next: tf.NamedTensorMap = {}
-        for (const [name, g] of Object.entries(result.grads)) {
-          next[name] = tf.add(accumulated[name]!, g)
-          accumulated[name]!.dispose()
-          g.dispose()
-        }
-        accumulated = next
-      }
+      accumulated = Optimizer.accumulate(accumulated, result.grads)
     }
     if (accumulated === undefined) return {}
     const lr = Optimizer.learningRate(t.optimizer, optimizer.step(), options.totalSteps * updatesPerStep())
