@@ -22,6 +22,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as Harness from "./harness.ts"
 
 const arg = (name: string, fallback: string): string => {
   const i = process.argv.indexOf(`--${name}`)
@@ -32,19 +33,7 @@ const iters = Number(arg("iters", "5"))
 
 await Effect.runPromise(TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" }))
 
-const config = ModelConfig.fromInit({
-  architecture: "qwen3",
-  vocab_size: 512,
-  hidden_size: 256,
-  intermediate_size: 1024,
-  num_hidden_layers: 4,
-  num_attention_heads: 4,
-  num_key_value_heads: 4,
-  rope_theta: 10000,
-  rms_norm_eps: 1e-6,
-  max_position_embeddings: 1024,
-  tie_word_embeddings: true
-})
+const config = Harness.perfConfig // the perf model every bench shares
 const model = Transformer.init(config, 0)
 const B = 8
 const T = 128
