@@ -92,6 +92,14 @@ export const command = Command.make(
         Effect.catchCause((cause) => Effect.logWarning("report not written", cause))
       )
     }
+    const before = summary.evalBefore?.["all"]
+    const after = summary.evalAfter?.["all"]
+    if (before !== undefined && after !== undefined) {
+      yield* Console.error(
+        `held-out avg_score ${before.avg_score.toFixed(3)} → ${after.avg_score.toFixed(3)}, ` +
+          `pass@n ${before.pass_at_n.toFixed(3)} → ${after.pass_at_n.toFixed(3)} (${summary.steps} steps, ${summary.seconds} s; ${runDir})`
+      )
+    }
     yield* Console.log(JSON.stringify(summary))
   })
 ).pipe(Command.withDescription("Train a policy with GRPO/PPO on a run config"))
