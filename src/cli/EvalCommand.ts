@@ -2,12 +2,15 @@
  * `eval --config FILE [--model DIR] [key.path=value ...]`: score a policy on the held-out data (`data.val`) with the
  * eval sampling settings. Prints per-source lines and, as the last stdout line, the JSON report
  * `{"event":"eval","report":{"<source>":{"avg_score":…,"pass_at_n":…,"prompts":…},"all":{…}}}`.
+ * `--episodes-dir DIR` also writes every eval trajectory group to `DIR/episodes.jsonl` (the run directory's episode
+ * format, so `report` and the trajectory viewer read it), to see what the policy does on each held-out task.
  */
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as RunLayers from "../../layers/RunLayers.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as Evaluator from "../pipeline/Evaluator.ts"
+import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 import { readRows } from "./TrainCommand.ts"
 
@@ -19,9 +22,13 @@ export const command = Command.make(
       Flag.withDescription("A checkpoint directory to evaluate instead of model.*"),
       Flag.optional
     ),
+    episodesDir: Flag.String("episodes-dir").pipe(
+      Flag.withDescription("Write the eval trajectories to DIR/episodes.jsonl"),
+      Flag.optional
+    ),
     overrides: RunFlags.overrides
   },
-  Effect.fn("cli.eval")(function* ({ config: file, model, overrides }) {
+  Effect.fn("cli.eval")(function* ({ config: file, model, episodesDir, overrides }) {
     const loaded = yield* RunFlags.load(file, overrides)
     const config = Option.match(model, {
       onNone: () => loaded,
@@ -31,7 +38,7 @@ export const command = Command.make(
       return yield* new ConfigError({ file, path: "data.val", message: "data.val: no held-out files to evaluate on" })
     }
     const val = yield* readRows(config.data.val, config.data.max_eval_prompts)
-    const { report } = yield* Evaluator.run(val, {
+    const { report, groups } = yield* Evaluator.run(val, {
       samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
       temperature: config.generator.eval_sampling.temperature,
       topP: config.generator.eval_sampling.top_p,
@@ -39,6 +46,16 @@ export const command = Command.make(
       stopStrings: config.generator.eval_sampling.stop,
       unordered: false
     }).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
+    if (Option.isSome(episodesDir)) {
+      const file = yield* Effect.scoped(
+        Effect.gen(function* () {
+          const log = yield* EpisodeLog.make(episodesDir.value)
+          for (const group of groups) yield* log.append(group)
+          return log.file
+        })
+      )
+      yield* Console.error(`eval: ${groups.length} groups written to ${file}`)
+    }
     for (const [source, s] of Object.entries(report)) {
       yield* Console.log(
         `${source}: avg_score ${s.avg_score.toFixed(3)}, pass@n ${s.pass_at_n.toFixed(3)} (${s.prompts} prompts)`

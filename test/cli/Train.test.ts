@@ -78,3 +78,20 @@ describe("train (configs/tiny.yaml, end to end)", () => {
     assert.strictEqual(JSON.parse(Cli.run(["model", "info", "--model", out]).lastLine).dtype, "BF16")
   }, 900_000)
 })
+
+describe("eval --episodes-dir", () => {
+  it("scores the held-out rows and writes each eval group, whose rewards give the printed avg_score", () => {
+    const dir = mkdtempSync(join(tmpdir(), "effect-rl-eval-"))
+    const result = Cli.run(["eval", "--config", "configs/tiny.yaml", "--episodes-dir", dir], { timeoutMs: 300_000 })
+    assert.strictEqual(result.code, 0, result.stderr.slice(-3000))
+    const report = JSON.parse(result.lastLine).report
+    const groups = readJsonl(join(dir, "episodes.jsonl"))
+    assert.strictEqual(groups.length, report.all.prompts)
+    const rewards = groups.map((g) => {
+      const ts = g["trajectories"] as Array<{ reward: number }>
+      return ts.reduce((a, t) => a + t.reward, 0) / ts.length
+    })
+    const mean = rewards.reduce((a, b) => a + b, 0) / rewards.length
+    assert.closeTo(mean, report.all.avg_score, 1e-9)
+  }, 300_000)
+})
