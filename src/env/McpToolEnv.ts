@@ -17,7 +17,7 @@ import { Effect, type Layer } from "effect"
 import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
 import type { Message } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
-import type { ToolCallRecord } from "../domain/ToolCall.ts"
+import type { ToolCall, ToolCallRecord } from "../domain/ToolCall.ts"
 import { type Env, EnvError, type FunctionTool, type InitResult, type StepResult } from "./Env.ts"
 import * as EnvRegistry from "./EnvRegistry.ts"
 import type { McpTool } from "./McpClient.ts"
@@ -130,10 +130,10 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
         : { messages: withSystem(prompt, systemPrompt(session.tools, format, style)), metadata: {} }
     })
 
-  const noReward = Effect.succeed<Rewards.RewardResult>({ reward: 0, metrics: {} })
+  const noRewardResult: Rewards.RewardResult = { reward: 0, metrics: {} }
   const reward = (finalAnswer: string | undefined, stepCalls: ReadonlyArray<ToolCallRecord>, isDone: boolean) =>
     row.reward_spec === undefined
-      ? noReward
+      ? Effect.succeed(noRewardResult)
       : Rewards.evaluate(row.reward_spec, {
           calls,
           finalAnswer,
@@ -143,55 +143,90 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
           parseFailures: counters.parseFailures
         }).pipe(Effect.mapError((e) => fail("Reward", e.message, e)))
 
+  const toEnvError = (e: { readonly message: string }) => fail("ReplayMiss", e.message, e)
+  const keep = (record: ToolCallRecord) => {
+    calls.push(record)
+    counters.toolCalls++
+    counters.toolMs += record.ms
+    if (record.isError) counters.toolErrors++
+  }
+  /** The calls of one step (at least one), in order: each is recorded before the next starts (a reward reads them). */
+  const runCalls = (
+    todo: ReadonlyArray<ToolCall>,
+    i: number,
+    records: Array<ToolCallRecord>
+  ): Effect.Effect<Array<ToolCallRecord>, EnvError> => {
+    const next = Effect.mapError(session.call(todo[i]!), toEnvError)
+    return i === todo.length - 1
+      ? Effect.map(next, (record) => {
+          keep(record)
+          records.push(record)
+          return records
+        })
+      : Effect.flatMap(next, (record) => {
+          keep(record)
+          records.push(record)
+          return runCalls(todo, i + 1, records)
+        })
+  }
+
+  const finish = (
+    parsed: ToolCallParser.Parsed,
+    records: ReadonlyArray<ToolCallRecord>,
+    stop: string | undefined,
+    result: Rewards.RewardResult
+  ): StepResult => {
+    if (parsed.finalAnswer !== undefined) counters.answered = 1
+    if (stop !== undefined) {
+      done = true
+      rewardMetrics = result.metrics
+    }
+    const observations: Array<Message> = []
+    if (!done) {
+      for (const r of records) observations.push({ role: "tool", content: r.result, tool_call_id: r.id, name: r.tool })
+      if (parsed.error !== undefined) observations.push({ role: "tool", content: `Error: ${parsed.error}` })
+    }
+    return {
+      observations,
+      reward: result.reward,
+      done,
+      metadata: {
+        toolCalls: records,
+        ...(parsed.error === undefined ? {} : { parseError: parsed.error }),
+        ...(parsed.finalAnswer === undefined ? {} : { finalAnswer: parsed.finalAnswer }),
+        ...(stop === undefined ? {} : { stopReason: stop })
+      }
+    }
+  }
+
+  // the parser gives a final answer for text without calls, for <answer>…</answer> and for ReAct's Final Answer
+  const stopOf = (parsed: ToolCallParser.Parsed) =>
+    parsed.finalAnswer !== undefined ? "answer" : turn >= maxTurns ? "max_turns" : undefined
+
+  /** After the calls: the reward (evaluated again as final when the reward function ends the episode). */
+  const settle = (parsed: ToolCallParser.Parsed, records: ReadonlyArray<ToolCallRecord>) => {
+    const stop = stopOf(parsed)
+    return Effect.flatMap(reward(parsed.finalAnswer, records, stop !== undefined), (result) =>
+      result.done === true && stop === undefined
+        ? Effect.map(reward(parsed.finalAnswer, records, true), (final) => finish(parsed, records, "env_done", final))
+        : Effect.succeed(finish(parsed, records, stop, result))
+    )
+  }
+
+  // No generator per step: a step is on every tool call's path (the mcp-latency bench), and a generator function
+  // made per call costs microseconds.
   const step = (actionText: string): Effect.Effect<StepResult, EnvError> =>
-    Effect.gen(function* () {
-      if (done) return yield* fail("Failed", "step after the episode ended")
+    Effect.suspend(() => {
+      if (done) return Effect.fail(fail("Failed", "step after the episode ended"))
       turn++
       counters.turns++
       const parsed = ToolCallParser.parse(actionText, format)
       if (parsed.error !== undefined) counters.parseFailures++
-
-      const records: Array<ToolCallRecord> = []
-      for (const call of parsed.calls) {
-        const record = yield* session.call(call).pipe(Effect.mapError((e) => fail("ReplayMiss", e.message, e)))
-        records.push(record)
-        calls.push(record)
-        counters.toolCalls++
-        counters.toolMs += record.ms
-        if (record.isError) counters.toolErrors++
-      }
-
-      // the parser gives a final answer for text without calls, for <answer>…</answer> and for ReAct's Final Answer
-      const answered = parsed.finalAnswer !== undefined
-      let stopReason: string | undefined = answered ? "answer" : turn >= maxTurns ? "max_turns" : undefined
-      let result = yield* reward(parsed.finalAnswer, records, stopReason !== undefined)
-      if (result.done === true && stopReason === undefined) {
-        stopReason = "env_done"
-        result = yield* reward(parsed.finalAnswer, records, true)
-      }
-      if (answered) counters.answered = 1
-      if (stopReason !== undefined) {
-        done = true
-        rewardMetrics = result.metrics
-      }
-
-      const observations: Array<Message> = []
-      if (!done) {
-        for (const r of records)
-          observations.push({ role: "tool", content: r.result, tool_call_id: r.id, name: r.tool })
-        if (parsed.error !== undefined) observations.push({ role: "tool", content: `Error: ${parsed.error}` })
-      }
-      return {
-        observations,
-        reward: result.reward,
-        done,
-        metadata: {
-          toolCalls: records,
-          ...(parsed.error === undefined ? {} : { parseError: parsed.error }),
-          ...(parsed.finalAnswer === undefined ? {} : { finalAnswer: parsed.finalAnswer }),
-          ...(stopReason === undefined ? {} : { stopReason })
-        }
-      } satisfies StepResult
+      if (parsed.calls.length === 0) return settle(parsed, [])
+      const records = runCalls(parsed.calls, 0, [])
+      return row.reward_spec === undefined
+        ? Effect.map(records, (made) => finish(parsed, made, stopOf(parsed), noRewardResult))
+        : Effect.flatMap(records, (made) => settle(parsed, made))
     })
 
   const env: Env = {

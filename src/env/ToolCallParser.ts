@@ -51,7 +51,8 @@ export const parse = (text: string, format: Format = "auto"): Parsed => {
   const visible = stripThinking(text)
   const resolved = format === "auto" ? detect(visible) : format
   const found = readers[resolved](visible)
-  const calls = found.calls.map((call, i) => ({ id: `call_${i}`, name: call.name, arguments: call.arguments }))
+  const calls: Array<ToolCall> = []
+  for (const call of found.calls) calls.push({ id: `call_${calls.length}`, name: call.name, arguments: call.arguments })
   const error = describe(found.errors)
   const finalAnswer =
     tagContent(visible, "answer") ??
@@ -117,10 +118,15 @@ interface Found {
   readonly finalAnswer?: string
 }
 
-const gather = (attempts: ReadonlyArray<Attempt>): Found => ({
-  calls: attempts.filter((a): a is Call => typeof a !== "string"),
-  errors: attempts.filter((a): a is string => typeof a === "string")
-})
+const gather = (attempts: ReadonlyArray<Attempt>): Found => {
+  const calls: Array<Call> = []
+  const errors: Array<string> = []
+  for (const a of attempts) {
+    if (typeof a === "string") errors.push(a)
+    else calls.push(a)
+  }
+  return { calls, errors }
+}
 
 const at = (where: string, attempt: Attempt): Attempt =>
   typeof attempt === "string" ? `${where}: ${attempt}` : attempt
@@ -136,13 +142,21 @@ const maxErrorsShown = 3
 
 const detect = (text: string): WriteFormat => {
   if (text.includes("<tool_call>")) return "hermes"
-  if (/<tool>/.test(text)) return "xml"
-  if (/^[ \t]*(Action|Final Answer)[ \t]*:/m.test(text)) return "react"
+  if (text.includes("<tool>")) return "xml"
+  if ((text.includes("Action") || text.includes("Final Answer")) && /^[ \t]*(Action|Final Answer)[ \t]*:/m.test(text)) {
+    return "react"
+  }
   return "json"
 }
 
-const readHermes = (text: string): Found =>
-  gather(blocks(text, "tool_call").flatMap((body, i) => hermesBlock(body).map((a) => at(`<tool_call> ${i + 1}`, a))))
+const readHermes = (text: string): Found => {
+  const attempts: Array<Attempt> = []
+  const bodies = blocks(text, "tool_call")
+  for (let i = 0; i < bodies.length; i++) {
+    for (const a of hermesBlock(bodies[i]!)) attempts.push(typeof a === "string" ? `<tool_call> ${i + 1}: ${a}` : a)
+  }
+  return gather(attempts)
+}
 
 const hermesBlock = (body: string): ReadonlyArray<Attempt> => {
   const trimmed = stripFence(body.trim())
@@ -405,6 +419,7 @@ const tagContent = (text: string, tag: string): string | undefined => {
 }
 
 const stripThinking = (text: string): string => {
+  if (!text.includes("think>")) return text // neither <think> nor </think>
   let out = text.replace(/<think>[\s\S]*?<\/think>/g, "")
   const lone = out.indexOf("</think>")
   if (lone !== -1) out = out.slice(lone + "</think>".length) // `<think>` was part of the prompt
@@ -414,6 +429,7 @@ const stripThinking = (text: string): string => {
 }
 
 const stripFence = (text: string): string => {
+  if (!text.startsWith("```")) return text
   const m = /^```[\w-]*[ \t]*\n([\s\S]*?)\n?```\s*$/.exec(text)
   return m === null ? text : m[1]!.trim()
 }
