@@ -35,7 +35,9 @@ void openblas_set_num_threads(int);
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
-// Thread pool: the calling thread plus (threads - 1) workers; parallelFor splits [0, n) into contiguous chunks.
+// Thread pool: the calling thread plus (threads - 1) workers. parallelFor splits [0, n) into chunks that the threads
+// claim one at a time, so on a loaded machine a worker that is not scheduled does not hold the job up: the caller
+// (always running) takes its chunks. Claims carry the job's generation, so a late worker never runs a stale job.
 class Pool {
  public:
   ~Pool() { resize(1); }
@@ -59,32 +61,38 @@ class Pool {
     // The generation is read here, before the thread starts: read inside the thread, a resize racing its start could
     // bump it first and the worker would wait for a generation that already came (a hang seen in practice).
     uint64_t start = generation_.load(std::memory_order_acquire);
-    for (int w = 1; w < threads_; w++) workers_.emplace_back([this, w, start] { loop(w, start); });
+    for (int w = 1; w < threads_; w++) workers_.emplace_back([this, start] { loop(start); });
   }
 
   // f(begin, end) over chunks of [0, n); runs inline when n is below `grain` work items per thread.
   void parallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& f) {
     if (n <= 0) return;
-    int parts = (int)std::min<int64_t>(threads_, std::max<int64_t>(1, n / std::max<int64_t>(1, grain)));
-    if (parts <= 1) {
+    int64_t g = std::max<int64_t>(1, grain);
+    int64_t maxParts = std::max<int64_t>(1, n / g);
+    if (threads_ <= 1 || maxParts <= 1) {
       f(0, n);
       return;
     }
+    // A few chunks per thread (never smaller than the grain): enough to rebalance when a thread is descheduled.
+    int64_t chunks = std::min<int64_t>(maxParts, (int64_t)threads_ * 4);
     std::lock_guard<std::mutex> caller(callers_);  // one job at a time (several worker_threads may load the addon)
     job_ = &f;
     jobN_ = n;
-    jobParts_ = parts;
-    pending_.store(parts - 1, std::memory_order_relaxed);
+    jobChunks_ = chunks;
+    done_.store(0, std::memory_order_relaxed);
+    uint64_t gen;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      generation_.fetch_add(1, std::memory_order_release);
+      gen = (generation_.load(std::memory_order_relaxed) + 1) & 0xffffffffu;
+      claim_.store(gen << 32, std::memory_order_release);  // next chunk 0 of this generation
+      generation_.store(gen, std::memory_order_release);
     }
     wake_.notify_all();
-    runPart(0);
-    // Workers usually finish with us: spin briefly before sleeping.
-    if (!spinUntil([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    work(gen);
+    // Workers finishing a claimed chunk: spin briefly, then sleep.
+    if (!spinUntil([&] { return done_.load(std::memory_order_acquire) == chunks; })) {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      finished_.wait(lock, [&] { return done_.load(std::memory_order_acquire) == chunks; });
     }
     job_ = nullptr;
   }
@@ -103,13 +111,26 @@ class Pool {
     }
   }
 
-  void runPart(int part) {
-    int64_t begin = jobN_ * part / jobParts_;
-    int64_t end = jobN_ * (part + 1) / jobParts_;
-    if (begin < end) (*job_)(begin, end);
+  // Claim and run chunks of job `gen` until none is left (or the job is no longer `gen`).
+  void work(uint64_t gen) {
+    for (;;) {
+      uint64_t c = claim_.load(std::memory_order_acquire);
+      for (;;) {
+        if ((c >> 32) != gen || (int64_t)(c & 0xffffffffu) >= jobChunks_) return;
+        if (claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+      }
+      int64_t chunk = (int64_t)(c & 0xffffffffu);
+      int64_t begin = jobN_ * chunk / jobChunks_;
+      int64_t end = jobN_ * (chunk + 1) / jobChunks_;
+      if (begin < end) (*job_)(begin, end);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == jobChunks_) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.notify_one();
+      }
+    }
   }
 
-  void loop(int w, uint64_t seen) {
+  void loop(uint64_t seen) {
     for (;;) {
       auto ready = [&] { return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen; };
       if (!spinUntil(ready)) {
@@ -118,26 +139,21 @@ class Pool {
       }
       if (stop_.load(std::memory_order_acquire)) return;
       seen = generation_.load(std::memory_order_acquire);
-      if (w < jobParts_) {
-        runPart(w);
-        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          done_.notify_one();
-        }
-      }
+      work(seen);
     }
   }
 
   int threads_ = 1;
   std::vector<std::thread> workers_;
   std::mutex mutex_, callers_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, finished_;
   std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> claim_{0};  // generation << 32 | next chunk
   std::atomic<bool> stop_{false};
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t jobN_ = 0;
-  int jobParts_ = 0;
-  std::atomic<int> pending_{0};
+  int64_t jobChunks_ = 0;
+  std::atomic<int64_t> done_{0};
 };
 
 Pool pool;
@@ -257,61 +273,47 @@ constexpr int kSmallM = 16;
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, unaligned access allowed
 
-void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+// R rows × (16·V) columns of C in R·V vector registers, B streamed once per row group; then plain loops over the
+// column tail (< 16·V).
+template <int R, int V>
+void smallRows(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
   int j0 = n0;
-  // 4 rows × 64 columns of C in 16 vector registers; B streamed once per 4 rows.
-  for (; j0 + 64 <= n1; j0 += 64) {
-    int i0 = 0;
-    for (; i0 + 4 <= M; i0 += 4) {
-      v16 c[4][4] = {};
-      const float* a0 = A + (int64_t)i0 * K;
-      for (int k = 0; k < K; k++) {
-        const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
-        v16 b0 = b[0], b1 = b[1], b2 = b[2], b3 = b[3];
-        for (int r = 0; r < 4; r++) {
-          float a = a0[(int64_t)r * K + k];
-          c[r][0] += a * b0;
-          c[r][1] += a * b1;
-          c[r][2] += a * b2;
-          c[r][3] += a * b3;
-        }
-      }
-      for (int r = 0; r < 4; r++) {
-        v16* out = reinterpret_cast<v16*>(C + (int64_t)(i0 + r) * N + j0);
-        out[0] = c[r][0];
-        out[1] = c[r][1];
-        out[2] = c[r][2];
-        out[3] = c[r][3];
+  for (; j0 + 16 * V <= n1; j0 += 16 * V) {
+    v16 c[R][V] = {};
+    const float* a0 = A + (int64_t)i0 * K;
+    for (int k = 0; k < K; k++) {
+      const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
+      v16 bv[V];
+      for (int v = 0; v < V; v++) bv[v] = b[v];
+      for (int r = 0; r < R; r++) {
+        float a = a0[(int64_t)r * K + k];
+        for (int v = 0; v < V; v++) c[r][v] += a * bv[v];
       }
     }
-    for (; i0 < M; i0++) {
-      v16 c[4] = {};
-      const float* a0 = A + (int64_t)i0 * K;
-      for (int k = 0; k < K; k++) {
-        const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
-        float a = a0[k];
-        c[0] += a * b[0];
-        c[1] += a * b[1];
-        c[2] += a * b[2];
-        c[3] += a * b[3];
-      }
-      v16* out = reinterpret_cast<v16*>(C + (int64_t)i0 * N + j0);
-      for (int t = 0; t < 4; t++) out[t] = c[t];
+    for (int r = 0; r < R; r++) {
+      v16* out = reinterpret_cast<v16*>(C + (int64_t)(i0 + r) * N + j0);
+      for (int v = 0; v < V; v++) out[v] = c[r][v];
     }
   }
-  // Column tail (< 64): plain loops.
   if (j0 < n1) {
     int nb = n1 - j0;
-    for (int i = 0; i < M; i++) {
-      float acc[64] = {0};
+    for (int r = 0; r < R; r++) {
+      float acc[16 * V] = {0};
+      const float* a = A + (int64_t)(i0 + r) * K;
       for (int k = 0; k < K; k++) {
-        float a = A[(int64_t)i * K + k];
         const float* b = B + (int64_t)k * N + j0;
-        for (int j = 0; j < nb; j++) acc[j] += a * b[j];
+        for (int j = 0; j < nb; j++) acc[j] += a[k] * b[j];
       }
-      std::memcpy(C + (int64_t)i * N + j0, acc, sizeof(float) * nb);
+      std::memcpy(C + (int64_t)(i0 + r) * N + j0, acc, sizeof(float) * nb);
     }
   }
+}
+
+void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  int i0 = 0;
+  for (; i0 + 8 <= M; i0 += 8) smallRows<8, 2>(N, K, A, B, C, i0, n0, n1);  // batch-8 decode: B read once
+  for (; i0 + 4 <= M; i0 += 4) smallRows<4, 4>(N, K, A, B, C, i0, n0, n1);
+  for (; i0 < M; i0++) smallRows<1, 4>(N, K, A, B, C, i0, n0, n1);
 }
 
 // B stored [N, K] (transposeB): C[i, j] = A[i, :] · B[j, :], dot products over contiguous rows.
@@ -494,7 +496,7 @@ napi_value Matmul(napi_env env, napi_callback_info info) {
       const float* a = A + (aIndex ? aIndex[b] : b * aStride);
       const float* bm = B + (bIndex ? bIndex[b] : b * bStride);
       float* c = C + b * cSize;
-      pool.parallelFor(colBlocks, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (int64_t)M * K * 64)),
+      pool.parallelFor(colBlocks, std::max<int64_t>(1, 262144 / std::max<int64_t>(1, (int64_t)M * K * 64)),
                        [&](int64_t c0, int64_t c1) {
                          int n0 = (int)(c0 * 64), n1 = (int)std::min<int64_t>(N, c1 * 64);
                          if (tb) {
@@ -1149,6 +1151,466 @@ napi_value CopyBlocks(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Fused transformer kernels (src/model/Fused.ts): RMSNorm, SwiGLU, RoPE, attention (forward and gradients), the
+// inference-only q|k|v preparation (qk-norm + RoPE + KV-cache append) and linear (row RMSNorm + matmul + residual).
+// Each runs as one kernel where tfjs' composition runs 5–20, which is most of a decode step's cost at small sizes.
+
+// C = alpha · op(A) · op(B) + beta · C on the calling thread, any leading dimensions.
+void gemmS(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+#ifdef EFFECT_RL_OPENBLAS
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+#else
+  for (int i = 0; i < M; i++) {
+    float* c = C + (int64_t)i * ldc;
+    for (int j = 0; j < N; j++) c[j] = beta == 0.0f ? 0.0f : c[j] * beta;
+    if (tb) {
+      for (int j = 0; j < N; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += (ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]) * B[(int64_t)j * ldb + k];
+        c[j] += alpha * s;
+      }
+    } else {
+      for (int k = 0; k < K; k++) {
+        float a = alpha * (ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]);
+        const float* b = B + (int64_t)k * ldb;
+#pragma GCC ivdep
+        for (int j = 0; j < N; j++) c[j] += a * b[j];
+      }
+    }
+  }
+#endif
+}
+
+inline float sumOf(const float* x, int64_t n) {
+  float part[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int t = 0; t < 16; t++) part[t] += x[i + t];
+  float s = 0.0f;
+  for (; i < n; i++) s += x[i];
+  for (int t = 0; t < 16; t++) s += part[t];
+  return s;
+}
+
+inline float dotOf(const float* x, const float* y, int64_t n) {
+  float part[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int t = 0; t < 16; t++) part[t] += x[i + t] * y[i + t];
+  float s = 0.0f;
+  for (; i < n; i++) s += x[i] * y[i];
+  for (int t = 0; t < 16; t++) s += part[t];
+  return s;
+}
+
+// 1/√(mean(x²) + ε), as tfjs' rsqrt(mean(square(x)) + ε) computes it in float32.
+inline float rstdOf(const float* x, int64_t n, float eps) {
+  float mean = dotOf(x, x, n) / (float)n;
+  return 1.0f / std::sqrt(mean + eps);
+}
+
+// In-place softmax of one row (max-subtracted).
+inline void softmaxRow(float* y, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; i++) m = std::max(m, y[i]);
+  for (int64_t i = 0; i < n; i++) y[i] = fastExp(y[i] - m);
+  float inv = 1.0f / sumOf(y, n);
+  for (int64_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+// RoPE of one head vector (HF rotate_half): y = x·cos + rotate_half(x)·sin; backward: the transpose, dx = dy·cos +
+// rotate_halfᵀ(dy·sin).
+inline void ropeVec(const float* x, const float* c, const float* s, float* y, int hd, bool backward) {
+  int h = hd / 2;
+  if (!backward) {
+    for (int j = 0; j < h; j++) y[j] = x[j] * c[j] + (-x[j + h]) * s[j];
+    for (int j = h; j < hd; j++) y[j] = x[j] * c[j] + x[j - h] * s[j];
+  } else {
+    for (int j = 0; j < h; j++) y[j] = x[j] * c[j] + x[j + h] * s[j + h];
+    for (int j = h; j < hd; j++) y[j] = x[j] * c[j] - x[j - h] * s[j - h];
+  }
+}
+
+// rmsNorm(heap, x, w, out, rows, n, wRows, eps): out[r] = x[r] · rstd(x[r]) (· w[r mod wRows] when w ≥ 0).
+napi_value RmsNorm(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), wOff = args.i64(2), outOff = args.i64(3), rows = args.i64(4), n = args.i64(5);
+  int64_t wRows = args.i64(6);
+  float eps = (float)args.num(7);
+  if (!args.ok) return nullptr;
+  if (n <= 0 || wRows <= 0 || !heap.contains(xOff, rows * n) || !heap.contains(outOff, rows * n) ||
+      (wOff >= 0 && !heap.contains(wOff, wRows * n))) {
+    args.fail("rmsNorm: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* X = heap.f32(xOff);
+  const float* W = wOff >= 0 ? heap.f32(wOff) : nullptr;
+  float* Y = heap.f32(outOff);
+  pool.parallelFor(rows, std::max<int64_t>(1, 8192 / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* x = X + r * n;
+      float* y = Y + r * n;
+      float rs = rstdOf(x, n, eps);
+      if (W != nullptr) {
+        const float* w = W + (r % wRows) * n;
+        for (int64_t i = 0; i < n; i++) y[i] = (x[i] * rs) * w[i];
+      } else {
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * rs;
+      }
+    }
+  });
+  return undefinedValue(env);
+}
+
+// rmsNormGrad(heap, x, w, dy, dx, dw, rows, n, wRows, eps): dx = r·(g − x̂·mean(g·x̂)) with g = dy·w, x̂ = x·r;
+// dw[k] = Σ_{r ≡ k mod wRows} dy[r]·x̂[r] (dw < 0: not wanted).
+napi_value RmsNormGrad(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), wOff = args.i64(2), dyOff = args.i64(3), dxOff = args.i64(4), dwOff = args.i64(5);
+  int64_t rows = args.i64(6), n = args.i64(7), wRows = args.i64(8);
+  float eps = (float)args.num(9);
+  if (!args.ok) return nullptr;
+  if (n <= 0 || wRows <= 0 || !heap.contains(xOff, rows * n) || !heap.contains(dyOff, rows * n) ||
+      !heap.contains(dxOff, rows * n) || (wOff >= 0 && !heap.contains(wOff, wRows * n)) ||
+      (dwOff >= 0 && !heap.contains(dwOff, wRows * n))) {
+    args.fail("rmsNormGrad: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* X = heap.f32(xOff);
+  const float* W = wOff >= 0 ? heap.f32(wOff) : nullptr;
+  const float* DY = heap.f32(dyOff);
+  float* DX = heap.f32(dxOff);
+  int parts = (int)std::max<int64_t>(1, std::min<int64_t>(pool.size(), rows / 8));
+  int64_t wSize = wRows * n;
+  Scratch partial(dwOff >= 0 ? (size_t)(parts * wSize) : 0);
+  if (partial.p != nullptr) std::memset(partial.p, 0, sizeof(float) * parts * wSize);
+  pool.parallelFor(parts, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<float> g((size_t)n);
+    for (int64_t p = p0; p < p1; p++) {
+      float* dw = partial.p == nullptr ? nullptr : partial.p + p * wSize;
+      for (int64_t r = rows * p / parts; r < rows * (p + 1) / parts; r++) {
+        const float* x = X + r * n;
+        const float* dy = DY + r * n;
+        float* dx = DX + r * n;
+        const float* w = W == nullptr ? nullptr : W + (r % wRows) * n;
+        float rs = rstdOf(x, n, eps);
+        for (int64_t i = 0; i < n; i++) g[i] = w == nullptr ? dy[i] : dy[i] * w[i];
+        float mean = dotOf(g.data(), x, n) * rs / (float)n;  // mean(g·x̂)
+        for (int64_t i = 0; i < n; i++) dx[i] = rs * (g[i] - (x[i] * rs) * mean);
+        if (dw != nullptr) {
+          float* d = dw + (r % wRows) * n;
+          for (int64_t i = 0; i < n; i++) d[i] += dy[i] * (x[i] * rs);
+        }
+      }
+    }
+  });
+  if (dwOff >= 0) {
+    float* DW = heap.f32(dwOff);
+    for (int64_t i = 0; i < wSize; i++) {
+      float s = 0.0f;
+      for (int p = 0; p < parts; p++) s += partial.p[p * wSize + i];
+      DW[i] = s;
+    }
+  }
+  return undefinedValue(env);
+}
+
+inline float sigmoidOf(float g) { return 1.0f / (1.0f + fastExp(-g)); }
+
+// swiglu(heap, gate, up, out, rows, n, gateStride, upStride): out[r, i] = silu(gate[r, i]) · up[r, i], rows of the
+// inputs `gateStride`/`upStride` floats apart (a joined gate|up tensor is two strided views), out contiguous.
+napi_value SwiGlu(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t gOff = args.i64(1), uOff = args.i64(2), outOff = args.i64(3), rows = args.i64(4), n = args.i64(5);
+  int64_t gs = args.i64(6), us = args.i64(7);
+  if (!args.ok) return nullptr;
+  if (rows <= 0 || n <= 0) return undefinedValue(env);
+  if (!heap.contains(gOff, (rows - 1) * gs + n) || !heap.contains(uOff, (rows - 1) * us + n) ||
+      !heap.contains(outOff, rows * n)) {
+    args.fail("swiglu: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      const float* g = heap.f32(gOff) + r * gs;
+      const float* u = heap.f32(uOff) + r * us;
+      float* y = heap.f32(outOff) + r * n;
+      for (int64_t i = 0; i < n; i++) y[i] = (g[i] * sigmoidOf(g[i])) * u[i];
+    }
+  });
+  return undefinedValue(env);
+}
+
+// swigluGrad(heap, gate, up, dy, dgate, dup, rows, n): s = σ(g); dgate = dy·u·s·(1 + g·(1 − s)); dup = dy·g·s.
+napi_value SwiGluGrad(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t gOff = args.i64(1), uOff = args.i64(2), dyOff = args.i64(3), dgOff = args.i64(4), duOff = args.i64(5);
+  int64_t rows = args.i64(6), n = args.i64(7);
+  if (!args.ok) return nullptr;
+  int64_t size = rows * n;
+  if (!heap.contains(gOff, size) || !heap.contains(uOff, size) || !heap.contains(dyOff, size) ||
+      !heap.contains(dgOff, size) || !heap.contains(duOff, size)) {
+    args.fail("swigluGrad: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(size, 16384, [&](int64_t i0, int64_t i1) {
+    const float *g = heap.f32(gOff), *u = heap.f32(uOff), *dy = heap.f32(dyOff);
+    float *dg = heap.f32(dgOff), *du = heap.f32(duOff);
+    for (int64_t i = i0; i < i1; i++) {
+      float s = sigmoidOf(g[i]);
+      du[i] = dy[i] * (g[i] * s);
+      dg[i] = dy[i] * u[i] * (s + g[i] * s * (1.0f - s));
+    }
+  });
+  return undefinedValue(env);
+}
+
+// rope(heap, x, cos, sin, out, N, heads, hd, backward): x, out [N, heads, hd]; cos, sin [N, hd].
+napi_value Rope(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t xOff = args.i64(1), cOff = args.i64(2), sOff = args.i64(3), outOff = args.i64(4);
+  int64_t N = args.i64(5), heads = args.i64(6), hd = args.i64(7);
+  bool backward = args.flag(8);
+  if (!args.ok) return nullptr;
+  if (hd % 2 != 0 || !heap.contains(xOff, N * heads * hd) || !heap.contains(outOff, N * heads * hd) ||
+      !heap.contains(cOff, N * hd) || !heap.contains(sOff, N * hd)) {
+    args.fail("rope: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  pool.parallelFor(N * heads, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, hd)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) {
+      int64_t n = r / heads;
+      ropeVec(heap.f32(xOff) + r * hd, heap.f32(cOff) + n * hd, heap.f32(sOff) + n * hd, heap.f32(outOff) + r * hd,
+              (int)hd, backward);
+    }
+  });
+  return undefinedValue(env);
+}
+
+// qkvPrep(heap, qkv, cos, sin, norm, eps, pastK, pastV, q, keys, values, B, T, P, H, Hkv, hd): inference. qkv
+// [B·T, (H + 2Hkv)·hd] → q [B·T, H, hd] and the new tokens' k: each head RMS-normed by norm [H + Hkv, hd] (norm ≥ 0)
+// then rotated (cos, sin [B·T, hd]); keys/values [B, P + T, Hkv, hd] = past (pastK/pastV [B, P, Hkv, hd]) then new.
+napi_value QkvPrep(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t qkvOff = args.i64(1), cOff = args.i64(2), sOff = args.i64(3), nOff = args.i64(4);
+  float eps = (float)args.num(5);
+  int64_t pkOff = args.i64(6), pvOff = args.i64(7), qOff = args.i64(8), kOff = args.i64(9), vOff = args.i64(10);
+  int64_t B = args.i64(11), T = args.i64(12), P = args.i64(13), H = args.i64(14), Hkv = args.i64(15), hd = args.i64(16);
+  if (!args.ok) return nullptr;
+  int64_t N = B * T, L = P + T, row = (H + 2 * Hkv) * hd, kvRow = Hkv * hd;
+  if (hd % 2 != 0 || hd > 1024 || !heap.contains(qkvOff, N * row) || !heap.contains(cOff, N * hd) ||
+      !heap.contains(sOff, N * hd) || (nOff >= 0 && !heap.contains(nOff, (H + Hkv) * hd)) ||
+      (P > 0 && (!heap.contains(pkOff, B * P * kvRow) || !heap.contains(pvOff, B * P * kvRow))) ||
+      !heap.contains(qOff, N * H * hd) || !heap.contains(kOff, B * L * kvRow) || !heap.contains(vOff, B * L * kvRow)) {
+    args.fail("qkvPrep: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  float* keys = heap.f32(kOff);
+  float* values = heap.f32(vOff);
+  if (P > 0) {
+    pool.parallelFor(B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; b++) {
+        std::memcpy(keys + b * L * kvRow, heap.f32(pkOff) + b * P * kvRow, sizeof(float) * P * kvRow);
+        std::memcpy(values + b * L * kvRow, heap.f32(pvOff) + b * P * kvRow, sizeof(float) * P * kvRow);
+      }
+    });
+  }
+  pool.parallelFor(N, std::max<int64_t>(1, 4096 / row), [&](int64_t n0, int64_t n1) {
+    float tmp[1024];
+    for (int64_t n = n0; n < n1; n++) {
+      int64_t b = n / T, t = n % T;
+      const float* src = heap.f32(qkvOff) + n * row;
+      const float* c = heap.f32(cOff) + n * hd;
+      const float* s = heap.f32(sOff) + n * hd;
+      float* kDst = keys + (b * L + P + t) * kvRow;
+      for (int64_t head = 0; head < H + Hkv; head++) {
+        const float* x = src + head * hd;
+        float* dst = head < H ? heap.f32(qOff) + (n * H + head) * hd : kDst + (head - H) * hd;
+        if (nOff >= 0) {
+          float rs = rstdOf(x, hd, eps);
+          const float* w = heap.f32(nOff) + head * hd;
+          for (int64_t i = 0; i < hd; i++) tmp[i] = (x[i] * rs) * w[i];
+          x = tmp;
+        }
+        ropeVec(x, c, s, dst, (int)hd, false);
+      }
+      std::memcpy(values + (b * L + P + t) * kvRow, src + (H + Hkv) * hd, sizeof(float) * kvRow);
+    }
+  });
+  return undefinedValue(env);
+}
+
+// attention(heap, q, k, v, bias, out, probs, B, T, L, H, Hkv, hd, scale): q, out [B, T, H, hd]; k, v [B, L, Hkv, hd];
+// bias [B, T, L] additive (< 0: none); probs [B, H, T, L] (< 0: not kept). Query head h reads KV head h / (H / Hkv).
+napi_value Attention(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t qOff = args.i64(1), kOff = args.i64(2), vOff = args.i64(3), bOff = args.i64(4), oOff = args.i64(5);
+  int64_t pOff = args.i64(6), B = args.i64(7), T = args.i64(8), L = args.i64(9), H = args.i64(10), Hkv = args.i64(11);
+  int64_t hd = args.i64(12);
+  float scale = (float)args.num(13);
+  if (!args.ok) return nullptr;
+  if (Hkv <= 0 || H % Hkv != 0 || L <= 0 || !heap.contains(qOff, B * T * H * hd) || !heap.contains(oOff, B * T * H * hd) ||
+      !heap.contains(kOff, B * L * Hkv * hd) || !heap.contains(vOff, B * L * Hkv * hd) ||
+      (bOff >= 0 && !heap.contains(bOff, B * T * L)) || (pOff >= 0 && !heap.contains(pOff, B * H * T * L))) {
+    args.fail("attention: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  int64_t rep = H / Hkv;
+  // ~2·T·L·hd multiply-adds a task: decode steps (T = 1) are too small to split.
+  int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(1, 2 * T * L * hd));
+  pool.parallelFor(B * H, grain, [&](int64_t j0, int64_t j1) {
+    Scratch own(pOff >= 0 ? 0 : (size_t)(T * L));
+    for (int64_t j = j0; j < j1; j++) {
+      int64_t b = j / H, h = j % H, g = h / rep;
+      float* S = pOff >= 0 ? heap.f32(pOff) + j * T * L : own.p;
+      const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
+      const float* K = heap.f32(kOff) + (b * L * Hkv + g) * hd;
+      const float* V = heap.f32(vOff) + (b * L * Hkv + g) * hd;
+      gemmS(false, true, (int)T, (int)L, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f, S, (int)L);
+      for (int64_t t = 0; t < T; t++) {
+        float* s = S + t * L;
+        if (bOff >= 0) {
+          const float* bias = heap.f32(bOff) + (b * T + t) * L;
+          for (int64_t i = 0; i < L; i++) s[i] += bias[i];
+        }
+        softmaxRow(s, L);
+      }
+      gemmS(false, false, (int)T, (int)hd, (int)L, 1.0f, S, (int)L, V, (int)(Hkv * hd), 0.0f,
+            heap.f32(oOff) + (b * T * H + h) * hd, (int)(H * hd));
+    }
+  });
+  return undefinedValue(env);
+}
+
+// attentionGrad(heap, q, k, v, probs, dOut, dq, dk, dv, B, T, L, H, Hkv, hd, scale): the gradients of attention
+// (bias is constant). One task per (batch, KV head): it owns its dk/dv rows, summing over the heads that share them.
+napi_value AttentionGrad(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t qOff = args.i64(1), kOff = args.i64(2), vOff = args.i64(3), pOff = args.i64(4), doOff = args.i64(5);
+  int64_t dqOff = args.i64(6), dkOff = args.i64(7), dvOff = args.i64(8);
+  int64_t B = args.i64(9), T = args.i64(10), L = args.i64(11), H = args.i64(12), Hkv = args.i64(13), hd = args.i64(14);
+  float scale = (float)args.num(15);
+  if (!args.ok) return nullptr;
+  int64_t qSize = B * T * H * hd, kvSize = B * L * Hkv * hd;
+  if (Hkv <= 0 || H % Hkv != 0 || L <= 0 || !heap.contains(qOff, qSize) || !heap.contains(doOff, qSize) ||
+      !heap.contains(dqOff, qSize) || !heap.contains(kOff, kvSize) || !heap.contains(vOff, kvSize) ||
+      !heap.contains(dkOff, kvSize) || !heap.contains(dvOff, kvSize) || !heap.contains(pOff, B * H * T * L)) {
+    args.fail("attentionGrad: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  int64_t rep = H / Hkv;
+  int qld = (int)(H * hd), kld = (int)(Hkv * hd);
+  pool.parallelFor(B * Hkv, 1, [&](int64_t j0, int64_t j1) {
+    Scratch dP((size_t)(T * L));
+    for (int64_t j = j0; j < j1; j++) {
+      int64_t b = j / Hkv, g = j % Hkv;
+      const float* K = heap.f32(kOff) + (b * L * Hkv + g) * hd;
+      const float* V = heap.f32(vOff) + (b * L * Hkv + g) * hd;
+      float* dK = heap.f32(dkOff) + (b * L * Hkv + g) * hd;
+      float* dV = heap.f32(dvOff) + (b * L * Hkv + g) * hd;
+      for (int64_t r = 0; r < rep; r++) {
+        int64_t h = g * rep + r;
+        const float* P = heap.f32(pOff) + (b * H + h) * T * L;
+        const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
+        const float* dO = heap.f32(doOff) + (b * T * H + h) * hd;
+        float* dQ = heap.f32(dqOff) + (b * T * H + h) * hd;
+        float beta = r == 0 ? 0.0f : 1.0f;
+        gemmS(true, false, (int)L, (int)hd, (int)T, 1.0f, P, (int)L, dO, qld, beta, dV, kld);  // dV += Pᵀ dO
+        gemmS(false, true, (int)T, (int)L, (int)hd, 1.0f, dO, qld, V, kld, 0.0f, dP.p, (int)L);  // dP = dO Vᵀ
+        for (int64_t t = 0; t < T; t++) {
+          float* d = dP.p + t * L;
+          const float* p = P + t * L;
+          float dot = dotOf(d, p, L);
+          for (int64_t i = 0; i < L; i++) d[i] = p[i] * (d[i] - dot);  // dS
+        }
+        gemmS(false, false, (int)T, (int)hd, (int)L, scale, dP.p, (int)L, K, kld, 0.0f, dQ, qld);  // dQ = s·dS K
+        gemmS(true, false, (int)L, (int)hd, (int)T, scale, dP.p, (int)L, Q, qld, beta, dK, kld);  // dK += s·dSᵀ Q
+      }
+    }
+  });
+  return undefinedValue(env);
+}
+
+// linear(heap, a, b, out, M, N, K, residual, normEps): out = diag(r) · (a @ b) + residual, r_i = rstd(a_i) when
+// normEps ≥ 0 (an RMSNorm whose weight is folded into b's rows), else 1; residual < 0: none.
+napi_value Linear(napi_env env, napi_callback_info info) {
+  Args args(env, info);
+  Heap heap;
+  if (!heapArg(args, 0, &heap)) return nullptr;
+  int64_t aOff = args.i64(1), bOff = args.i64(2), oOff = args.i64(3);
+  int M = (int)args.i64(4), N = (int)args.i64(5), K = (int)args.i64(6);
+  int64_t rOff = args.i64(7);
+  double normEps = args.num(8);
+  if (!args.ok) return nullptr;
+  if (M <= 0 || N <= 0 || K <= 0 || !heap.contains(aOff, (int64_t)M * K) || !heap.contains(bOff, (int64_t)K * N) ||
+      !heap.contains(oOff, (int64_t)M * N) || (rOff >= 0 && !heap.contains(rOff, (int64_t)M * N))) {
+    args.fail("linear: tensor range outside the heap");
+    return nullptr;
+  }
+  calls++;
+  const float* A = heap.f32(aOff);
+  const float* Bm = heap.f32(bOff);
+  float* C = heap.f32(oOff);
+  const float* R = rOff >= 0 ? heap.f32(rOff) : nullptr;
+  auto finish = [&](int64_t i0, int64_t i1, int n0, int n1) {
+    for (int64_t i = i0; i < i1; i++) {
+      float rs = normEps >= 0 ? rstdOf(A + i * K, K, (float)normEps) : 1.0f;
+      float* c = C + i * N;
+      const float* res = R == nullptr ? nullptr : R + i * N;
+      if (normEps >= 0)
+        for (int j = n0; j < n1; j++) c[j] *= rs;
+      if (res != nullptr)
+        for (int j = n0; j < n1; j++) c[j] += res[j];
+    }
+  };
+  if (M <= kSmallM) {
+    int64_t colBlocks = (N + 63) / 64;
+    pool.parallelFor(colBlocks, std::max<int64_t>(1, 262144 / std::max<int64_t>(1, (int64_t)M * K * 64)),
+                     [&](int64_t c0, int64_t c1) {
+                       int n0 = (int)(c0 * 64), n1 = (int)std::min<int64_t>(N, c1 * 64);
+                       smallGemmNN(M, N, K, A, Bm, C, n0, n1);
+                       finish(0, M, n0, n1);
+                     });
+  } else {
+    int64_t blocks = (M + 15) / 16;
+    int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (int64_t)16 * N * K));
+    pool.parallelFor(blocks, grain, [&](int64_t k0, int64_t k1) {
+      int r0 = (int)(k0 * 16), r1 = (int)std::min<int64_t>(M, k1 * 16);
+      gemmRows(false, false, M, N, K, A, Bm, C, r0, r1);
+      finish(r0, r1, 0, N);
+    });
+  }
+  return undefinedValue(env);
+}
+
 napi_value SetThreads(napi_env env, napi_callback_info info) {
   Args args(env, info);
   int threads = (int)args.i64(0);
@@ -1194,7 +1656,9 @@ napi_value Init(napi_env env, napi_value exports) {
   const Fn fns[] = {{"matmul", Matmul},   {"binary", Binary},         {"unary", Unary},
                      {"reduce", Reduce},   {"transpose", Transpose},   {"cast", Cast},
                      {"softmax", Softmax}, {"gather", Gather},         {"segmentSum", SegmentSum}, {"adam", Adam}, {"copyBlocks", CopyBlocks},
-                     {"setThreads", SetThreads}, {"info", Info}};
+                     {"rmsNorm", RmsNorm}, {"rmsNormGrad", RmsNormGrad}, {"swiglu", SwiGlu}, {"swigluGrad", SwiGluGrad},
+                     {"rope", Rope}, {"qkvPrep", QkvPrep}, {"attention", Attention}, {"attentionGrad", AttentionGrad},
+                     {"linear", Linear}, {"setThreads", SetThreads}, {"info", Info}};
   for (const Fn& fn : fns) {
     napi_value f;
     napi_create_function(env, fn.name, NAPI_AUTO_LENGTH, fn.cb, nullptr, &f);

@@ -111,6 +111,73 @@ interface Addon {
     dstStride: number,
     chunk: number
   ) => void
+  readonly rmsNorm: (
+    heap: Uint8Array,
+    x: number,
+    w: number,
+    out: number,
+    rows: number,
+    n: number,
+    wRows: number,
+    eps: number
+  ) => void
+  readonly rmsNormGrad: (
+    heap: Uint8Array,
+    x: number,
+    w: number,
+    dy: number,
+    dx: number,
+    dw: number,
+    rows: number,
+    n: number,
+    wRows: number,
+    eps: number
+  ) => void
+  readonly swiglu: (
+    heap: Uint8Array,
+    gate: number,
+    up: number,
+    out: number,
+    rows: number,
+    n: number,
+    gateStride: number,
+    upStride: number
+  ) => void
+  readonly swigluGrad: (
+    heap: Uint8Array,
+    gate: number,
+    up: number,
+    dy: number,
+    dgate: number,
+    dup: number,
+    rows: number,
+    n: number
+  ) => void
+  readonly rope: (
+    heap: Uint8Array,
+    x: number,
+    cos: number,
+    sin: number,
+    out: number,
+    n: number,
+    heads: number,
+    hd: number,
+    backward: boolean
+  ) => void
+  readonly qkvPrep: (heap: Uint8Array, ...offsetsAndSizes: Array<number>) => void
+  readonly attention: (heap: Uint8Array, ...offsetsAndSizes: Array<number>) => void
+  readonly attentionGrad: (heap: Uint8Array, ...offsetsAndSizes: Array<number>) => void
+  readonly linear: (
+    heap: Uint8Array,
+    a: number,
+    b: number,
+    out: number,
+    m: number,
+    n: number,
+    k: number,
+    residual: number,
+    normEps: number
+  ) => void
   readonly segmentSum: (
     heap: Uint8Array,
     x: number,
@@ -679,6 +746,224 @@ const kernels: Record<string, NativeKernel> = {
   }
 }
 
+// --- fused transformer kernels (no stock counterpart: src/model/Fused.ts runs tfjs compositions when these are absent)
+
+type FusedKernel = (addon: Addon, args: Parameters<NativeKernel>[1]) => tf.TensorInfo | Array<tf.TensorInfo>
+const optionalOffset = (backend: WasmBackend, t: tf.TensorInfo | undefined): number =>
+  t === undefined ? -1 : offsetOf(backend, t)
+
+const fusedKernels: Record<string, FusedKernel> = {
+  // x [..., n], w [n] or [wRows, n] (row r of x uses w[r mod wRows]) or absent
+  EffectRlRmsNorm: (addon, { inputs, backend, attrs }) => {
+    const { x, w } = inputs as { x: tf.TensorInfo; w?: tf.TensorInfo }
+    const n = x.shape.at(-1)!
+    const out = backend.makeOutput([...x.shape], "float32")
+    const rows = sizeOf(x.shape) / n
+    if (rows > 0) {
+      addon.rmsNorm(
+        backend.wasm.HEAPU8,
+        offsetOf(backend, x),
+        optionalOffset(backend, w),
+        offsetOf(backend, out),
+        rows,
+        n,
+        w === undefined ? 1 : sizeOf(w.shape) / n,
+        (attrs as { eps: number }).eps
+      )
+    }
+    return out
+  },
+  EffectRlRmsNormGrad: (addon, { inputs, backend, attrs }) => {
+    const { x, w, dy } = inputs as { x: tf.TensorInfo; w?: tf.TensorInfo; dy: tf.TensorInfo }
+    const n = x.shape.at(-1)!
+    const dx = backend.makeOutput([...x.shape], "float32")
+    const dw = w === undefined ? undefined : backend.makeOutput([...w.shape], "float32")
+    addon.rmsNormGrad(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, x),
+      optionalOffset(backend, w),
+      offsetOf(backend, dy),
+      offsetOf(backend, dx),
+      optionalOffset(backend, dw),
+      sizeOf(x.shape) / n,
+      n,
+      w === undefined ? 1 : sizeOf(w.shape) / n,
+      (attrs as { eps: number }).eps
+    )
+    return dw === undefined ? [dx] : [dx, dw]
+  },
+  // {gate, up} [..., n] each, or {x} [..., 2n] holding gate|up
+  EffectRlSwiGlu: (addon, { inputs, backend }) => {
+    const { gate, up, x } = inputs as { gate?: tf.TensorInfo; up?: tf.TensorInfo; x?: tf.TensorInfo }
+    const joined = x !== undefined
+    const source = (joined ? x : gate)!
+    const width = source.shape.at(-1)!
+    const n = joined ? width / 2 : width
+    const outShape = [...source.shape.slice(0, -1), n]
+    const out = backend.makeOutput(outShape, "float32")
+    const rows = sizeOf(outShape) / Math.max(1, n)
+    const g = offsetOf(backend, source)
+    addon.swiglu(
+      backend.wasm.HEAPU8,
+      g,
+      joined ? g + 4 * n : offsetOf(backend, up!),
+      offsetOf(backend, out),
+      rows,
+      n,
+      width,
+      joined ? width : n
+    )
+    return out
+  },
+  EffectRlSwiGluGrad: (addon, { inputs, backend }) => {
+    const { gate, up, dy } = inputs as Record<"gate" | "up" | "dy", tf.TensorInfo>
+    const n = gate.shape.at(-1)!
+    const dgate = backend.makeOutput([...gate.shape], "float32")
+    const dup = backend.makeOutput([...up.shape], "float32")
+    addon.swigluGrad(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, gate),
+      offsetOf(backend, up),
+      offsetOf(backend, dy),
+      offsetOf(backend, dgate),
+      offsetOf(backend, dup),
+      sizeOf(gate.shape) / n,
+      n
+    )
+    return [dgate, dup]
+  },
+  // x [N, heads, hd], cos/sin [N, hd]
+  EffectRlRope: (addon, { inputs, backend, attrs }) => {
+    const { x, cos, sin } = inputs as Record<"x" | "cos" | "sin", tf.TensorInfo>
+    const hd = x.shape.at(-1)!
+    const N = sizeOf(cos.shape) / hd
+    const out = backend.makeOutput([...x.shape], "float32")
+    addon.rope(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, x),
+      offsetOf(backend, cos),
+      offsetOf(backend, sin),
+      offsetOf(backend, out),
+      N,
+      sizeOf(x.shape) / (N * hd),
+      hd,
+      (attrs as { backward: boolean }).backward
+    )
+    return out
+  },
+  // qkv [B·T, (H + 2Hkv)·hd], cos/sin [B·T, hd], norm? [H + Hkv, hd], pastK/pastV? [B, P, Hkv, hd]
+  // → q [B·T, H, hd], keys/values [B, P + T, Hkv, hd]
+  EffectRlQkvPrep: (addon, { inputs, backend, attrs }) => {
+    const { qkv, cos, sin, norm, pastK, pastV } = inputs as Record<"qkv" | "cos" | "sin", tf.TensorInfo> & {
+      norm?: tf.TensorInfo
+      pastK?: tf.TensorInfo
+      pastV?: tf.TensorInfo
+    }
+    const a = attrs as unknown as Record<"batch" | "heads" | "kvHeads" | "headDim" | "eps", number>
+    const N = qkv.shape[0]!
+    const B = a.batch
+    const T = N / B
+    const P = pastK === undefined ? 0 : pastK.shape[1]!
+    const q = backend.makeOutput([N, a.heads, a.headDim], "float32")
+    const keys = backend.makeOutput([B, P + T, a.kvHeads, a.headDim], "float32")
+    const values = backend.makeOutput([B, P + T, a.kvHeads, a.headDim], "float32")
+    addon.qkvPrep(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, qkv),
+      offsetOf(backend, cos),
+      offsetOf(backend, sin),
+      optionalOffset(backend, norm),
+      a.eps,
+      optionalOffset(backend, pastK),
+      optionalOffset(backend, pastV),
+      offsetOf(backend, q),
+      offsetOf(backend, keys),
+      offsetOf(backend, values),
+      B,
+      T,
+      P,
+      a.heads,
+      a.kvHeads,
+      a.headDim
+    )
+    return [q, keys, values]
+  },
+  // q [B·T, H, hd], k/v [B, L, Hkv, hd], bias? [B, T, L] → out [B·T, H·hd] (+ probs [B, H, T, L] when keepProbs)
+  EffectRlAttention: (addon, { inputs, backend, attrs }) => {
+    const { q, k, v, bias } = inputs as Record<"q" | "k" | "v", tf.TensorInfo> & { bias?: tf.TensorInfo }
+    const a = attrs as unknown as { scale: number; keepProbs: boolean }
+    const [B, L, Hkv, hd] = k.shape as [number, number, number, number]
+    const H = q.shape[1]!
+    const T = q.shape[0]! / B
+    const out = backend.makeOutput([B * T, H * hd], "float32")
+    const probs = a.keepProbs ? backend.makeOutput([B, H, T, L], "float32") : undefined
+    addon.attention(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, q),
+      offsetOf(backend, k),
+      offsetOf(backend, v),
+      optionalOffset(backend, bias),
+      offsetOf(backend, out),
+      optionalOffset(backend, probs),
+      B,
+      T,
+      L,
+      H,
+      Hkv,
+      hd,
+      a.scale
+    )
+    return probs === undefined ? [out] : [out, probs]
+  },
+  EffectRlAttentionGrad: (addon, { inputs, backend, attrs }) => {
+    const { q, k, v, probs, dy } = inputs as Record<"q" | "k" | "v" | "probs" | "dy", tf.TensorInfo>
+    const [B, L, Hkv, hd] = k.shape as [number, number, number, number]
+    const H = q.shape[1]!
+    const T = q.shape[0]! / B
+    const dq = backend.makeOutput([...q.shape], "float32")
+    const dk = backend.makeOutput([...k.shape], "float32")
+    const dv = backend.makeOutput([...v.shape], "float32")
+    addon.attentionGrad(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, q),
+      offsetOf(backend, k),
+      offsetOf(backend, v),
+      offsetOf(backend, probs),
+      offsetOf(backend, dy),
+      offsetOf(backend, dq),
+      offsetOf(backend, dk),
+      offsetOf(backend, dv),
+      B,
+      T,
+      L,
+      H,
+      Hkv,
+      hd,
+      (attrs as { scale: number }).scale
+    )
+    return [dq, dk, dv]
+  },
+  // a [M, K] @ b [K, N] (rows of a RMS-normed first when normEps ≥ 0) + residual? [M, N]
+  EffectRlLinear: (addon, { inputs, backend, attrs }) => {
+    const { a, b, residual } = inputs as { a: tf.TensorInfo; b: tf.TensorInfo; residual?: tf.TensorInfo }
+    const [M, K] = a.shape as [number, number]
+    const N = b.shape[1]!
+    const out = backend.makeOutput([M, N], "float32")
+    addon.linear(
+      backend.wasm.HEAPU8,
+      offsetOf(backend, a),
+      offsetOf(backend, b),
+      offsetOf(backend, out),
+      M,
+      N,
+      K,
+      optionalOffset(backend, residual),
+      (attrs as { normEps: number }).normEps
+    )
+    return out
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Registration
 
@@ -715,6 +1000,16 @@ export const register = (backendName: string, threads = 0): ReadonlyArray<string
         kernelFunc: (args) =>
           native(addon, args as unknown as Parameters<NativeKernel>[1]) ??
           (stock(args) as tf.TensorInfo | Array<tf.TensorInfo>)
+      })
+    }
+    names.push(kernelName)
+  }
+  for (const [kernelName, fused] of Object.entries(fusedKernels)) {
+    if (tf.getKernel(kernelName, backendName) === undefined) {
+      tf.registerKernel({
+        kernelName,
+        backendName,
+        kernelFunc: (args) => fused(addon, args as unknown as Parameters<NativeKernel>[1])
       })
     }
     names.push(kernelName)
@@ -826,6 +1121,9 @@ export const adam = (learningRate = 0.001, beta1 = 0.9, beta2 = 0.999, epsilon?:
 /** Put the stock kernels back (for side-by-side tests). */
 export const unregister = (backendName: string): void => {
   if (tf.getKernel(adamKernelName, backendName) !== undefined) tf.unregisterKernel(adamKernelName, backendName)
+  for (const kernelName of Object.keys(fusedKernels)) {
+    if (tf.getKernel(kernelName, backendName) !== undefined) tf.unregisterKernel(kernelName, backendName)
+  }
   for (const [key, config] of stockKernels) {
     if (!key.startsWith(`${backendName}/`)) continue
     tf.unregisterKernel(config.kernelName, backendName)

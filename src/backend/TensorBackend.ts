@@ -60,6 +60,15 @@ const activate = async (name: ResolvedBackend, threads: number): Promise<void> =
   await tf.ready()
 }
 
+/**
+ * The configured kernels, unless `EFFECT_RL_KERNELS` (native | stock) overrides them: how the whole test suite is run
+ * both ways (`EFFECT_RL_KERNELS=native npx vitest run`).
+ */
+const kernelsOf = (config: BackendConfig): "native" | "stock" => {
+  const forced = process.env["EFFECT_RL_KERNELS"]
+  return forced === "native" || forced === "stock" ? forced : config.kernels
+}
+
 const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
 
 /** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
@@ -79,7 +88,7 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
     const tfjsName = tf.getBackend()
     // After MissingKernels: the native UnsortedSegmentSum replaces the JS one and keeps it as its fallback.
     const missing = MissingKernels.register(tfjsName)
-    const native = config.kernels === "native" ? NativeKernels.register(tfjsName, config.threads) : []
+    const native = kernelsOf(config) === "native" ? NativeKernels.register(tfjsName, config.threads) : []
     const info: BackendInfo = {
       name,
       tfjsName,

@@ -12,7 +12,7 @@ import * as tf from "@tensorflow/tfjs"
 import * as Transformer from "./Transformer.ts"
 
 export interface KvCache {
-  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keysT [B, Hkv, hd, L], values [B, Hkv, L, hd]
+  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keys, values [B, L, Hkv, hd]
   readonly keyMask: Uint8Array // [B, L] row-major, 1 = real token
   readonly nextPosition: Int32Array // [B], RoPE position of each row's next token (= its real-token count)
   readonly batch: number // B
@@ -24,12 +24,20 @@ export interface Stepped {
   readonly logits: Float32Array // [B, V] row-major: each row's next-token logits
 }
 
-const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number, T: number): Float32Array =>
-  tf.tidy(() => {
+/** Read outside the tidy: tidy walks whatever its function returns, and a Float32Array's every index is a key. */
+const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number, T: number): Float32Array => {
+  const logits = tf.tidy(() => {
     const D = hidden.shape[1]
-    const last = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [B, D]) as tf.Tensor2D // [B, D]
-    return Transformer.logitsOf(view, last).dataSync() as Float32Array // [B, V]
+    const last =
+      T === 1
+        ? hidden
+        : (tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [B, D]) as tf.Tensor2D) // [B, D]
+    return Transformer.logitsOf(view, last) // [B, V]
   })
+  const data = logits.dataSync() as Float32Array
+  logits.dispose()
+  return data
+}
 
 /**
  * Run the prompts (ragged; left-padded here) and cache their keys/values. Every prompt must be non-empty. Identical
@@ -80,13 +88,13 @@ const prefillRows = (
   const positions = Transformer.positionsFromMask(keyMask, B, P)
   const out = tf.tidy(() => {
     const step = Transformer.step(model, view, { ids: tf.tensor2d(ids, [B, P], "int32"), keyMask, positions })
-    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+    return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   const logits = lastLogits(view, out.hidden, B, P)
   out.hidden.dispose()
   return {
     cache: {
-      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),
       keyMask,
       nextPosition: Int32Array.from(prompts, (p) => p.length),
       batch: B,
@@ -117,14 +125,14 @@ export const extend = (
       positions: cache.nextPosition,
       past: cache.layers
     })
-    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+    return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   dispose(cache)
   const logits = lastLogits(view, out.hidden, B, 1)
   out.hidden.dispose()
   return {
     cache: {
-      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),
       keyMask,
       nextPosition: cache.nextPosition.map((p) => p + 1),
       batch: B,
@@ -147,8 +155,8 @@ export const copyRows = (cache: KvCache, rows: ReadonlyArray<number>): KvCache =
   const layers = tf.tidy(() => {
     const index = tf.tensor1d(Int32Array.from(rows), "int32")
     return cache.layers.map((c) => ({
-      keysT: tf.gather(c.keysT, index) as tf.Tensor4D, // [B', Hkv, hd, L]
-      values: tf.gather(c.values, index) as tf.Tensor4D // [B', Hkv, L, hd]
+      keys: tf.gather(c.keys, index) as tf.Tensor4D, // [B', L, Hkv, hd]
+      values: tf.gather(c.values, index) as tf.Tensor4D // [B', L, Hkv, hd]
     }))
   })
   const keyMask = new Uint8Array(rows.length * L)
@@ -164,7 +172,7 @@ export const copyRows = (cache: KvCache, rows: ReadonlyArray<number>): KvCache =
 
 export const dispose = (cache: KvCache): void => {
   for (const c of cache.layers) {
-    c.keysT.dispose()
+    c.keys.dispose()
     c.values.dispose()
   }
 }
@@ -179,18 +187,18 @@ const padTo = (cache: KvCache, L: number): { layers: Array<Transformer.LayerCach
   }
   const layers = cache.layers.map((c) =>
     tf.tidy(() => ({
-      keysT: tf.pad(c.keysT, [
-        [0, 0],
-        [0, 0],
-        [0, 0],
-        [pad, 0]
-      ]) as tf.Tensor4D, // [B, Hkv, hd, L]
-      values: tf.pad(c.values, [
-        [0, 0],
+      keys: tf.pad(c.keys, [
         [0, 0],
         [pad, 0],
+        [0, 0],
         [0, 0]
-      ]) as tf.Tensor4D // [B, Hkv, L, hd]
+      ]) as tf.Tensor4D, // [B, L, Hkv, hd]
+      values: tf.pad(c.values, [
+        [0, 0],
+        [pad, 0],
+        [0, 0],
+        [0, 0]
+      ]) as tf.Tensor4D // [B, L, Hkv, hd]
     }))
   )
   return { layers, keyMask }
@@ -206,13 +214,13 @@ export const merge = (a: KvCache, b: KvCache): KvCache => {
   const pb = padTo(b, L)
   const layers = pa.layers.map((la, l) =>
     tf.tidy(() => ({
-      keysT: tf.concat([la.keysT, pb.layers[l]!.keysT], 0) as tf.Tensor4D, // [Ba + Bb, Hkv, hd, L]
-      values: tf.concat([la.values, pb.layers[l]!.values], 0) as tf.Tensor4D // [Ba + Bb, Hkv, L, hd]
+      keys: tf.concat([la.keys, pb.layers[l]!.keys], 0) as tf.Tensor4D, // [Ba + Bb, L, Hkv, hd]
+      values: tf.concat([la.values, pb.layers[l]!.values], 0) as tf.Tensor4D // [Ba + Bb, L, Hkv, hd]
     }))
   )
   for (const p of [pa, pb]) {
     for (const c of p.layers) {
-      c.keysT.dispose()
+      c.keys.dispose()
       c.values.dispose()
     }
   }
@@ -241,8 +249,8 @@ export const trim = (cache: KvCache): KvCache => {
   const keep = L - drop
   const layers = cache.layers.map((c) =>
     tf.tidy(() => ({
-      keysT: tf.slice(c.keysT, [0, 0, 0, drop], [-1, -1, -1, keep]) as tf.Tensor4D,
-      values: tf.slice(c.values, [0, 0, drop, 0], [-1, -1, keep, -1]) as tf.Tensor4D
+      keys: tf.slice(c.keys, [0, drop, 0, 0], [-1, keep, -1, -1]) as tf.Tensor4D,
+      values: tf.slice(c.values, [0, drop, 0, 0], [-1, keep, -1, -1]) as tf.Tensor4D
     }))
   )
   const keyMask = new Uint8Array(cache.batch * keep)
@@ -271,8 +279,8 @@ export const prefixOf = (cache: KvCache, tokens: number): KvCache => {
   const length = end - first
   const layers = cache.layers.map((c) =>
     tf.tidy(() => ({
-      keysT: tf.slice(c.keysT, [0, 0, 0, first], [-1, -1, -1, length]) as tf.Tensor4D,
-      values: tf.slice(c.values, [0, 0, first, 0], [-1, -1, length, -1]) as tf.Tensor4D
+      keys: tf.slice(c.keys, [0, first, 0, 0], [-1, length, -1, -1]) as tf.Tensor4D,
+      values: tf.slice(c.values, [0, first, 0, 0], [-1, length, -1, -1]) as tf.Tensor4D
     }))
   )
   return { layers, keyMask: cache.keyMask.slice(first, end), nextPosition: Int32Array.of(tokens), batch: 1, length }
@@ -313,14 +321,14 @@ export const append = (
       positions,
       past: cache.layers
     })
-    return { hidden: step.hidden, keysT: step.cache.map((c) => c.keysT), values: step.cache.map((c) => c.values) }
+    return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   dispose(cache)
   const logits = lastLogits(view, out.hidden, B, S)
   out.hidden.dispose()
   return {
     cache: {
-      layers: out.keysT.map((keysT, l) => ({ keysT, values: out.values[l]! })),
+      layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),
       keyMask,
       nextPosition: cache.nextPosition.map((p, b) => p + suffixes[b]!.length),
       batch: B,
@@ -332,4 +340,4 @@ export const append = (
 
 /** Bytes the cache's tensors hold. */
 export const byteSize = (cache: KvCache): number =>
-  cache.layers.reduce((n, c) => n + 4 * (c.keysT.size + c.values.size), 0)
+  cache.layers.reduce((n, c) => n + 4 * (c.keys.size + c.values.size), 0)

@@ -216,15 +216,18 @@ const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray
       const T = Math.max(...sequences.map((s) => s.length))
       const ids = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s])
       const attentionMask = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s.map(() => 1)])
-      return tf.tidy(() => {
+      const logits = tf.tidy(() => {
         const hidden = Transformer.hiddenStates(model, { ids, attentionMask }, view) // [B·T, D]
         const D = hidden.shape[1]
         const last = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [
           B,
           D
         ]) as tf.Tensor2D
-        return Transformer.logitsOf(view, last).dataSync() as Float32Array // [B, V]
+        return Transformer.logitsOf(view, last) // [B, V]
       })
+      const data = logits.dataSync() as Float32Array // read outside the tidy (it would walk every index)
+      logits.dispose()
+      return data
     },
     keep: (rows) => {
       sequences = rows.map((r) => sequences[r]!)

@@ -27,6 +27,7 @@
  * width, V vocab.
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Fused from "./Fused.ts"
 import type { TransformerConfig } from "./ModelConfig.ts"
 import * as Prng from "./Prng.ts"
 
@@ -219,6 +220,8 @@ export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.custom
       value: tf.matMul(x, w), // [N, out]
       gradFunc: (dy: tf.Tensor2D, saved: Array<tf.Tensor2D>) => {
         const [xs, ws] = saved as [tf.Tensor2D, tf.Tensor2D]
+        // Native matmuls take the transposes as flags (no copies); stock wasm runs transposed matmuls ~10× slower.
+        if (Fused.nativeAvailable()) return [tf.matMul(dy, ws, false, true), tf.matMul(xs, dy, true, false)]
         return [tf.matMul(dy, tf.transpose(ws)), tf.matMul(tf.transpose(xs), dy)] // dx [N, in], dW [in, out]
       }
     }
@@ -227,24 +230,10 @@ export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.custom
 ) as unknown as (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 
 /**
- * How batched attention matmuls (scores and attention·V) run. `"batched"` (default) issues one BatchMatMul; `"split"`
- * unstacks the batch into 2-D matmuls, which wasm runs on XNNPACK. Measured on wasm for [32, 128, 64] @ [32, 64, 128]:
- * batched 42–68 ms, split 53–104 ms, because wasm's Unpack alone costs 21–27 ms; so split only pays where unstacking
- * is cheap (or on a backend whose batched kernel is slow and whose slices are not).
+ * How the stock (tfjs-composed) attention runs its batched matmuls: `"batched"` (default) or `"split"` into 2-D
+ * matmuls. See `Fused.setAttentionMatmul`.
  */
-let attentionMatmulMode: "split" | "batched" = "batched"
-export const setAttentionMatmul = (mode: "split" | "batched"): void => {
-  attentionMatmulMode = mode
-}
-
-/** a [N, M, K] @ b [N, K, P] → [N, M, P]. */
-const batchedMatmul = (a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D => {
-  const N = a.shape[0]
-  if (attentionMatmulMode === "batched" || N === 1) return tf.matMul(a, b) // [N, M, P]
-  const as = tf.unstack(a) as Array<tf.Tensor2D> // N × [M, K]
-  const bs = tf.unstack(b) as Array<tf.Tensor2D> // N × [K, P]
-  return tf.stack(as.map((ai, i) => linear(ai, bs[i]!))) as tf.Tensor3D // [N, M, P]
-}
+export const setAttentionMatmul = Fused.setAttentionMatmul
 
 /** One projection: `x @ W (+ b) (+ dropout(x) @ A @ B · scale)`. */
 interface Projection {
@@ -398,13 +387,6 @@ export const disposeView = (view: WeightView): void => {
   for (const t of view.owned) t.dispose()
 }
 
-/** x · rsqrt(mean(x²) + ε) · w over the last axis; `w` undefined when folded into the next matmul. */
-const rmsNorm = (x: tf.Tensor, w: tf.Tensor | undefined, eps: number): tf.Tensor => {
-  const variance = tf.mean(tf.square(x), -1, true) // [..., 1]
-  const normed = tf.mul(x, tf.rsqrt(tf.add(variance, eps))) // [..., n]
-  return w === undefined ? normed : tf.mul(normed, w) // [..., n]
-}
-
 type MatMul2D = (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 const plainMatMul: MatMul2D = (x, w) => tf.matMul(x, w)
 
@@ -427,17 +409,6 @@ const projectAll = (
   mm: MatMul2D
 ) =>
   ps.length === 1 ? tf.split(project(x, ps[0]!, training, mm), sizes, 1) : ps.map((p) => project(x, p, training, mm))
-
-/** `rotate_half` as a matrix: `rotate_half(x) = x @ R`, R[j + h, j] = −1 and R[j, j + h] = 1 for j < h = hd/2. */
-const rotateHalfMatrix = (hd: number): Float32Array => {
-  const h = hd / 2
-  const r = new Float32Array(hd * hd)
-  for (let j = 0; j < h; j++) {
-    r[(j + h) * hd + j] = -1
-    r[j * hd + j + h] = 1
-  }
-  return r
-}
 
 /** RoPE tables for explicit positions: cos/sin of `pos · θ^(−2i/hd)`, duplicated over both halves as in HF. */
 export const ropeTables = (
@@ -465,10 +436,10 @@ export const ropeTables = (
   return { cos, sin }
 }
 
-/** Per-layer cached keys (transposed, ready for `q @ Kᵀ` without a flag) and values. */
+/** Per-layer cached keys and values, token-major (appending a token copies contiguous rows). */
 export interface LayerCache {
-  readonly keysT: tf.Tensor4D // [B, Hkv, hd, L]
-  readonly values: tf.Tensor4D // [B, Hkv, L, hd]
+  readonly keys: tf.Tensor4D // [B, L, Hkv, hd]
+  readonly values: tf.Tensor4D // [B, L, Hkv, hd]
 }
 
 export interface StepInput {
@@ -486,10 +457,34 @@ export interface StepOutput {
   readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens
 }
 
+/** Whether the fused inference path applies: an inference view whose layers are all fused (q|k|v, gate|up). */
+const fusedInference = (view: WeightView): boolean =>
+  !view.differentiable &&
+  view.layers.every(
+    (layer) =>
+      layer.jointQk !== undefined &&
+      layer.inputNorm === undefined &&
+      layer.postNorm === undefined &&
+      layer.qkv.length === 1 &&
+      layer.qkv[0]!.adapter === undefined &&
+      layer.gateUp.length === 1 &&
+      layer.gateUp[0]!.b === undefined &&
+      layer.gateUp[0]!.adapter === undefined &&
+      layer.o.b === undefined &&
+      layer.o.adapter === undefined &&
+      layer.down.b === undefined &&
+      layer.down.adapter === undefined
+  )
+
 /**
  * Run the decoder over T new tokens per row, attending to `past` (if any) and causally to each other. Pure tensor
  * code: call inside `tf.tidy` (the caller keeps what it returns). Query t of a row sits at key slot L − T + t and sees
  * key j when j ≤ L − T + t and keyMask[j] = 1.
+ *
+ * With the native fused kernels (see Fused.ts) an inference view runs 7 kernels per layer (norm+q|k|v matmul, q/k
+ * norm + RoPE + cache append, attention, o matmul + residual, norm+gate|up matmul, SiLU gating, down matmul +
+ * residual); training runs fused RMSNorm, RoPE, attention and SiLU gating with native gradients. Without them, the
+ * same maths runs as tfjs compositions.
  */
 export const step = (model: Transformer, view: WeightView, input: StepInput): StepOutput => {
   const c = model.config
@@ -497,14 +492,14 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const H = c.numHeads
   const Hkv = c.numKvHeads
   const hd = c.headDim
-  const rep = H / Hkv
-  const P = input.past === undefined || input.past.length === 0 ? 0 : input.past[0]!.values.shape[2]
+  const P = input.past === undefined || input.past.length === 0 ? 0 : input.past[0]!.values.shape[1]
   const L = P + T
   const training = input.training === true
   const mm = view.differentiable ? linear : plainMatMul
+  const eps = c.rmsNormEps
   if (input.keyMask.length !== B * L) throw new Error(`keyMask has ${input.keyMask.length} entries, expected ${B}×${L}`)
 
-  // Additive attention bias [B, 1, 1, T, L]: 0 where visible, −1e9 where not.
+  // Additive attention bias [B, T, L]: 0 where visible, −1e9 where not.
   const bias = new Float32Array(B * T * L)
   for (let b = 0; b < B; b++) {
     for (let t = 0; t < T; t++) {
@@ -513,26 +508,45 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
       for (let j = 0; j < L; j++) bias[row + j] = j <= last && input.keyMask[b * L + j]! > 0 ? 0 : -1e9
     }
   }
-  const maskBias = tf.tensor(bias, [B, 1, 1, T, L]) // [B, 1, 1, T, L]
-
+  const maskBias = tf.tensor(bias, [B, T, L]) // [B, T, L]
   const { cos, sin } = ropeTables(input.positions, hd, c.ropeTheta)
   const cosK = tf.tensor(cos, [B * T, 1, hd]) // [B·T, 1, hd]
   const sinK = tf.tensor(sin, [B * T, 1, hd]) // [B·T, 1, hd]
+  const native = Fused.nativeAvailable()
+  let x = tf.gather(view.embed, tf.reshape(input.ids, [B * T])) as tf.Tensor2D // [B·T, D]
+  const cache: Array<LayerCache> = []
+
+  if (native && fusedInference(view)) {
+    const dims = { batch: B, heads: H, kvHeads: Hkv, headDim: hd }
+    view.layers.forEach((layer, l) => {
+      const qkvP = layer.qkv[0]!
+      let qkv = Fused.linear(x, qkvP.w, { normEps: eps }) // [B·T, (H + 2Hkv)·hd]
+      if (qkvP.b !== undefined) qkv = tf.add(qkv, qkvP.b)
+      const { q, keys, values } = Fused.qkvPrep(qkv, cosK, sinK, layer.jointQk!.qkNorm, input.past?.[l], dims, eps)
+      cache.push({ keys, values })
+      const attended = Fused.attention(q, keys, values, maskBias, 1) // [B·T, H·hd]; 1/√hd is in the weights
+      x = Fused.linear(attended, layer.o.w, { residual: x }) // [B·T, D]
+      const gateUp = Fused.linear(x, layer.gateUp[0]!.w, { normEps: eps }) // [B·T, 2I]
+      x = Fused.linear(Fused.swigluJoined(gateUp), layer.down.w, { residual: x }) // [B·T, D]
+    })
+    return { hidden: Fused.rmsNorm(x, view.finalNorm, eps) as tf.Tensor2D, cache }
+  }
+
   const scale = 1 / Math.sqrt(hd)
   const joint = view.layers[0]?.jointQk !== undefined
-  const cosQ = joint ? cosK : tf.mul(cosK, scale) // [B·T, 1, hd], 1/√hd folded in (unless in the weights)
-  const sinQ = joint ? sinK : tf.mul(sinK, scale) // [B·T, 1, hd]
-  const rotate = tf.tensor2d(rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
+  // Stock: 1/√hd folded into the query's RoPE tables (unless in the weights). Native: the attention kernel scales.
+  const cosQ = joint || native ? cosK : tf.mul(cosK, scale) // [B·T, 1, hd]
+  const sinQ = joint || native ? sinK : tf.mul(sinK, scale) // [B·T, 1, hd]
+  const attentionScale = native && !joint ? scale : 1
+  const rotate = native ? undefined : tf.tensor2d(Fused.rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
   const rope = (x: tf.Tensor, heads: number, cosT: tf.Tensor, sinT: tf.Tensor): tf.Tensor => {
+    if (rotate === undefined) return Fused.rope(x, cosT, sinT)
     const rotated = mm(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
     return tf.add(tf.mul(x, cosT), tf.mul(tf.reshape(rotated, [B * T, heads, hd]), sinT)) // [B·T, heads, hd]
   }
-
-  let x = tf.gather(view.embed, tf.reshape(input.ids, [B * T])) as tf.Tensor2D // [B·T, D]
-  const cache: Array<LayerCache> = []
   view.layers.forEach((layer, l) => {
     // --- attention
-    const h = rmsNorm(x, layer.inputNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+    const h = Fused.rmsNorm(x, layer.inputNorm, eps) as tf.Tensor2D // [B·T, D]
     let q: tf.Tensor
     let k: tf.Tensor
     let v2: tf.Tensor2D
@@ -540,7 +554,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
       const [qk2, v] = projectAll(h, layer.qkv, [(H + Hkv) * hd, Hkv * hd], training, mm) // [B·T, (H + Hkv)·hd], [B·T, Hkv·hd]
       let qk: tf.Tensor = tf.reshape(qk2!, [B * T, H + Hkv, hd]) // [B·T, H + Hkv, hd]
       if (layer.jointQk.qkNorm !== undefined)
-        qk = rmsNorm(qk, layer.jointQk.qkNorm, c.rmsNormEps) // [B·T, H + Hkv, hd]
+        qk = Fused.rmsNorm(qk, layer.jointQk.qkNorm, eps) // [B·T, H + Hkv, hd]
       ;[q, k] = tf.split(rope(qk, H + Hkv, cosK, sinK), [H, Hkv], 1) as [tf.Tensor, tf.Tensor] // [B·T, H, hd], [B·T, Hkv, hd]
       v2 = v! as tf.Tensor2D
     } else {
@@ -548,44 +562,28 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
       q = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
       k = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
       if (layer.qNorm !== undefined) {
-        q = rmsNorm(q, layer.qNorm, c.rmsNormEps) // [B·T, H, hd]
-        k = rmsNorm(k, layer.kNorm!, c.rmsNormEps) // [B·T, Hkv, hd]
+        q = Fused.rmsNorm(q, layer.qNorm, eps) // [B·T, H, hd]
+        k = Fused.rmsNorm(k, layer.kNorm!, eps) // [B·T, Hkv, hd]
       }
-      q = rope(q, H, cosQ, sinQ) // [B·T, H, hd], scaled by 1/√hd
+      q = rope(q, H, cosQ, sinQ) // [B·T, H, hd] (stock: scaled by 1/√hd)
       k = rope(k, Hkv, cosK, sinK) // [B·T, Hkv, hd]
       v2 = v! as tf.Tensor2D
     }
-    const qg = tf.reshape(tf.transpose(tf.reshape(q, [B, T, Hkv, rep, hd]), [0, 2, 3, 1, 4]), [B, Hkv, rep * T, hd]) // [B, Hkv, rep·T, hd]
-    const kNewT = tf.transpose(tf.reshape(k, [B, T, Hkv, hd]), [0, 2, 3, 1]) as tf.Tensor4D // [B, Hkv, hd, T]
-    const vNew = tf.transpose(tf.reshape(v2, [B, T, Hkv, hd]), [0, 2, 1, 3]) as tf.Tensor4D // [B, Hkv, T, hd]
+    const kNew = tf.reshape(k, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
+    const vNew = tf.reshape(v2, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
     const past = input.past?.[l]
-    const keysT = past === undefined ? kNewT : (tf.concat([past.keysT, kNewT], 3) as tf.Tensor4D) // [B, Hkv, hd, L]
-    const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 2) as tf.Tensor4D) // [B, Hkv, L, hd]
-    cache.push({ keysT, values })
-    const scores = tf.reshape(
-      batchedMatmul(
-        tf.reshape(qg, [B * Hkv, rep * T, hd]) as tf.Tensor3D,
-        tf.reshape(keysT, [B * Hkv, hd, L]) as tf.Tensor3D
-      ),
-      [B, Hkv, rep, T, L]
-    ) // [B, Hkv, rep, T, L]
-    const probs = tf.reshape(tf.softmax(tf.add(scores, maskBias)), [B, Hkv, rep * T, L]) // [B, Hkv, rep·T, L]
-    const attended = tf.reshape(
-      batchedMatmul(
-        tf.reshape(probs, [B * Hkv, rep * T, L]) as tf.Tensor3D,
-        tf.reshape(values, [B * Hkv, L, hd]) as tf.Tensor3D
-      ),
-      [B, Hkv, rep, T, hd]
-    ) // [B, Hkv, rep, T, hd]
-    const merged2 = tf.reshape(tf.transpose(attended, [0, 3, 1, 2, 4]), [B * T, H * hd]) as tf.Tensor2D // [B·T, H·hd]
-    x = tf.add(x, project(merged2, layer.o, training, mm)) // [B·T, D]
+    const keys = past === undefined ? kNew : (tf.concat([past.keys, kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+    const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+    cache.push({ keys, values })
+    const attended = Fused.attention(q, keys, values, maskBias, attentionScale) // [B·T, H·hd]
+    x = tf.add(x, project(attended, layer.o, training, mm)) // [B·T, D]
     // --- MLP: down(silu(gate) · up)
-    const h2 = rmsNorm(x, layer.postNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+    const h2 = Fused.rmsNorm(x, layer.postNorm, eps) as tf.Tensor2D // [B·T, D]
     const [gate, up] = projectAll(h2, layer.gateUp, [c.intermediateSize, c.intermediateSize], training, mm) // [B·T, I] ×2
-    const act = tf.mul(tf.mul(gate!, tf.sigmoid(gate!)), up!) as tf.Tensor2D // [B·T, I]
+    const act = Fused.swiglu(gate!, up!) as tf.Tensor2D // [B·T, I]
     x = tf.add(x, project(act, layer.down, training, mm)) // [B·T, D]
   })
-  const hidden = rmsNorm(x, view.finalNorm, c.rmsNormEps) as tf.Tensor2D // [B·T, D]
+  const hidden = Fused.rmsNorm(x, view.finalNorm, eps) as tf.Tensor2D // [B·T, D]
   return { hidden, cache }
 }
 

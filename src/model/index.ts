@@ -1,5 +1,6 @@
 /** The pure tfjs model core (no Effect): build, load/save, train-path log-probs, sampling, LoRA, snapshots. */
 export * as Checkpoint from "./Checkpoint.ts"
+export * as Fused from "./Fused.ts"
 export * as KvCache from "./KvCache.ts"
 export * as LogProbs from "./LogProbs.ts"
 export * as Lora from "./Lora.ts"

@@ -1,0 +1,350 @@
+/**
+ * The fused transformer kernels (src/model/Fused.ts running native/kernels.cc through src/backend/NativeKernels.ts)
+ * against the tfjs compositions they replace: same values to 1e-5 relative error on random shapes, forward and
+ * gradients; the transformer's training loss/gradients and KV-cache decoding agree with stock kernels; 1,000 steps leak
+ * no tensors and no native memory. Skipped, with the reason, when the addon did not build on this machine.
+ */
+import { assert, describe, it } from "@effect/vitest"
+import * as tf from "@tensorflow/tfjs"
+import "@tensorflow/tfjs-backend-wasm"
+import * as MissingKernels from "../../src/backend/MissingKernels.ts"
+import * as NativeKernels from "../../src/backend/NativeKernels.ts"
+import * as Fused from "../../src/model/Fused.ts"
+import * as KvCache from "../../src/model/KvCache.ts"
+import * as LogProbs from "../../src/model/LogProbs.ts"
+import * as ModelConfig from "../../src/model/ModelConfig.ts"
+import * as Sampling from "../../src/model/Sampling.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
+
+const native = NativeKernels.status()
+if (!native.available) console.warn(`fused kernel tests skipped: ${native.reason}`)
+
+await tf.setBackend("wasm")
+await tf.ready()
+MissingKernels.register("wasm")
+
+/** Deterministic values: mulberry32. */
+const rng = (seed: number) => () => {
+  seed = (seed + 0x6d2b79f5) | 0
+  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
+  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
+  return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+}
+const randomTensor = (shape: Array<number>, next: () => number, scale = 1): tf.Tensor =>
+  tf.tensor(
+    Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => (next() * 2 - 1) * scale),
+    shape
+  )
+
+/** Run `f` with native kernels, then with stock ones (Fused falls back to tfjs compositions); both as arrays. */
+const bothWays = (f: () => Array<tf.Tensor>): { native: Array<Float32Array>; stock: Array<Float32Array> } => {
+  const run = () => {
+    const out = tf.tidy(f)
+    const values = out.map((t) => t.dataSync() as Float32Array)
+    tf.dispose(out)
+    return values
+  }
+  NativeKernels.register("wasm")
+  assert.isTrue(Fused.nativeAvailable())
+  const nativeValues = run()
+  NativeKernels.unregister("wasm")
+  assert.isFalse(Fused.nativeAvailable())
+  return { native: nativeValues, stock: run() }
+}
+
+/** max |got − want| / max(max |want|, 1e-6). */
+const relativeError = (got: Float32Array, want: Float32Array): number => {
+  assert.strictEqual(got.length, want.length)
+  let diff = 0
+  let scale = 1e-6
+  for (let i = 0; i < want.length; i++) {
+    if (!Number.isFinite(got[i]!)) return Number.POSITIVE_INFINITY
+    diff = Math.max(diff, Math.abs(got[i]! - want[i]!))
+    scale = Math.max(scale, Math.abs(want[i]!))
+  }
+  return diff / scale
+}
+
+const assertClose = (label: string, result: ReturnType<typeof bothWays>, tolerance = 1e-5) => {
+  assert.strictEqual(result.native.length, result.stock.length)
+  result.native.forEach((got, i) => {
+    const error = relativeError(got, result.stock[i]!)
+    assert.isTrue(error <= tolerance, `${label} output ${i}: relative error ${error}`)
+  })
+}
+
+/** The op's value and the gradients of Σ value·dy with respect to each input. */
+const valueAndGrads = (op: (...xs: Array<tf.Tensor>) => tf.Tensor, inputs: Array<tf.Tensor>, dy: tf.Tensor) => {
+  const value = op(...inputs)
+  const grads = tf.grads((...xs: Array<tf.Tensor>) => tf.sum(tf.mul(op(...xs), dy)))(inputs)
+  return [value, ...grads]
+}
+
+const tinyConfig = (overrides: Record<string, unknown> = {}) =>
+  ModelConfig.fromInit({
+    architecture: "qwen3",
+    vocab_size: 61,
+    hidden_size: 32,
+    intermediate_size: 48,
+    num_hidden_layers: 2,
+    num_attention_heads: 4,
+    num_key_value_heads: 2,
+    head_dim: 8,
+    rope_theta: 10000,
+    rms_norm_eps: 1e-6,
+    max_position_embeddings: 64,
+    tie_word_embeddings: true,
+    ...overrides
+  })
+
+describe.skipIf(!native.available)("Fused kernels", () => {
+  it("RMSNorm (no weight, one weight row, a weight per row group) matches, forward and gradients", () => {
+    const next = rng(1)
+    for (let trial = 0; trial < 6; trial++) {
+      const rows = 1 + Math.floor(next() * 40)
+      const groups = 1 + Math.floor(next() * 4)
+      const n = 1 + Math.floor(next() * 70)
+      const x = randomTensor([rows, groups, n], next, 3)
+      const dy = randomTensor([rows, groups, n], next)
+      for (const w of [undefined, randomTensor([n], next), randomTensor([groups, n], next)]) {
+        const inputs = w === undefined ? [x] : [x, w]
+        assertClose(
+          `rmsNorm [${rows}, ${groups}, ${n}] w ${w?.shape ?? "none"}`,
+          bothWays(() => valueAndGrads((xi, wi) => Fused.rmsNorm(xi!, wi, 1e-6), inputs, dy))
+        )
+        w?.dispose()
+      }
+      tf.dispose([x, dy])
+    }
+  })
+
+  it("SiLU gating (separate and joined gate|up) matches, forward and gradients", () => {
+    const next = rng(2)
+    for (let trial = 0; trial < 5; trial++) {
+      const rows = 1 + Math.floor(next() * 50)
+      const n = 1 + Math.floor(next() * 90)
+      const [gate, up, dy] = [
+        randomTensor([rows, n], next, 6),
+        randomTensor([rows, n], next),
+        randomTensor([rows, n], next)
+      ]
+      assertClose(
+        `swiglu [${rows}, ${n}]`,
+        bothWays(() => valueAndGrads((g, u) => Fused.swiglu(g!, u!), [gate!, up!], dy!))
+      )
+      assertClose(
+        `swigluJoined [${rows}, ${2 * n}]`,
+        bothWays(() => [Fused.swigluJoined(tf.concat([gate!, up!], 1) as tf.Tensor2D)])
+      )
+      tf.dispose([gate!, up!, dy!])
+    }
+  })
+
+  it("RoPE matches, forward and gradients", () => {
+    const next = rng(3)
+    for (let trial = 0; trial < 5; trial++) {
+      const N = 1 + Math.floor(next() * 30)
+      const heads = 1 + Math.floor(next() * 5)
+      const hd = 2 * (1 + Math.floor(next() * 16))
+      const positions = Array.from({ length: N }, () => Math.floor(next() * 200))
+      const { cos, sin } = Transformer.ropeTables(positions, hd, 10000)
+      const [x, dy] = [randomTensor([N, heads, hd], next), randomTensor([N, heads, hd], next)]
+      const c = tf.tensor(cos, [N, 1, hd])
+      const s = tf.tensor(sin, [N, 1, hd])
+      assertClose(
+        `rope [${N}, ${heads}, ${hd}]`,
+        bothWays(() => valueAndGrads((xi) => Fused.rope(xi!, c, s), [x!], dy!))
+      )
+      tf.dispose([x!, dy!, c, s])
+    }
+  })
+
+  it("attention over a cache (GQA, masks, fully masked rows, scale) matches, forward and gradients", () => {
+    const next = rng(4)
+    for (let trial = 0; trial < 6; trial++) {
+      const B = 1 + Math.floor(next() * 3)
+      const T = 1 + Math.floor(next() * 12)
+      const L = T + Math.floor(next() * 10)
+      const Hkv = 1 + Math.floor(next() * 3)
+      const H = Hkv * (1 + Math.floor(next() * 3))
+      const hd = 1 + Math.floor(next() * 20)
+      const scale = trial % 2 === 0 ? 1 : 1 / Math.sqrt(hd)
+      // causal over the last T slots, random padding; row 0 of batch 0 sees nothing (uniform weights)
+      const bias = new Float32Array(B * T * L)
+      for (let b = 0; b < B; b++) {
+        for (let t = 0; t < T; t++) {
+          for (let j = 0; j < L; j++) {
+            const visible = j <= L - T + t && next() > 0.2 && !(b === 0 && t === 0)
+            bias[(b * T + t) * L + j] = visible ? 0 : -1e9
+          }
+        }
+      }
+      const biasT = tf.tensor(bias, [B, T, L])
+      const q = randomTensor([B * T, H, hd], next, 2)
+      const k = randomTensor([B, L, Hkv, hd], next, 2)
+      const v = randomTensor([B, L, Hkv, hd], next)
+      const dy = randomTensor([B * T, H * hd], next)
+      assertClose(
+        `attention B${B} T${T} L${L} H${H} Hkv${Hkv} hd${hd}`,
+        bothWays(() =>
+          valueAndGrads(
+            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, scale),
+            [q, k, v],
+            dy
+          )
+        )
+      )
+      tf.dispose([biasT, q, k, v, dy])
+    }
+  })
+
+  it("q|k|v preparation (qk-norm, RoPE, cache append) and the norm + matmul + residual linear match", () => {
+    const next = rng(5)
+    for (const [B, T, P, H, Hkv, hd, withNorm] of [
+      [2, 3, 0, 4, 2, 8, true],
+      [3, 1, 5, 2, 2, 6, false],
+      [1, 4, 2, 6, 3, 4, true]
+    ] as const) {
+      const N = B * T
+      const qkv = randomTensor([N, (H + 2 * Hkv) * hd], next, 2) as tf.Tensor2D
+      const positions = Array.from({ length: N }, () => Math.floor(next() * 50))
+      const { cos, sin } = Transformer.ropeTables(positions, hd, 10000)
+      const c = tf.tensor(cos, [N, 1, hd])
+      const s = tf.tensor(sin, [N, 1, hd])
+      const norm = withNorm ? (randomTensor([H + Hkv, hd], next) as tf.Tensor2D) : undefined
+      const past =
+        P === 0
+          ? undefined
+          : {
+              keys: randomTensor([B, P, Hkv, hd], next) as tf.Tensor4D,
+              values: randomTensor([B, P, Hkv, hd], next) as tf.Tensor4D
+            }
+      assertClose(
+        `qkvPrep B${B} T${T} P${P}`,
+        bothWays(() => {
+          const out = Fused.qkvPrep(qkv, c, s, norm, past, { batch: B, heads: H, kvHeads: Hkv, headDim: hd }, 1e-6)
+          return [out.q, out.keys, out.values]
+        })
+      )
+      tf.dispose([
+        qkv,
+        c,
+        s,
+        ...(norm === undefined ? [] : [norm]),
+        ...(past === undefined ? [] : [past.keys, past.values])
+      ])
+    }
+    for (const [M, K, N] of [
+      [1, 7, 5],
+      [8, 256, 130],
+      [9, 33, 64],
+      [40, 70, 21]
+    ] as const) {
+      const [a, w, r] = [randomTensor([M, K], next), randomTensor([K, N], next), randomTensor([M, N], next)]
+      assertClose(
+        `linear [${M}, ${K}] @ [${K}, ${N}]`,
+        bothWays(() => [
+          Fused.linear(a as tf.Tensor2D, w as tf.Tensor2D),
+          Fused.linear(a as tf.Tensor2D, w as tf.Tensor2D, { normEps: 1e-6, residual: r as tf.Tensor2D })
+        ])
+      )
+      tf.dispose([a, w, r])
+    }
+  })
+
+  it("a transformer's training loss and every gradient match stock, with left padding", () => {
+    const model = Transformer.init(tinyConfig(), 3)
+    // non-trivial norm weights, so their gradients are tested
+    for (const [name, v] of model.params) {
+      if (name.endsWith("norm.weight")) tf.tidy(() => v.assign(tf.randomUniform(v.shape, 0.5, 1.5, "float32", 2)))
+    }
+    const next = rng(6)
+    const ids = Array.from({ length: 3 }, () => Array.from({ length: 9 }, () => Math.floor(next() * 61)))
+    const attentionMask = [
+      [0, 0, 1, 1, 1, 1, 1, 1, 1],
+      [1, 1, 1, 1, 1, 1, 1, 1, 1],
+      [0, 0, 0, 0, 1, 1, 1, 1, 1]
+    ]
+    const variables = Transformer.trainableVariables(model)
+    assertClose(
+      "transformer loss and gradients",
+      bothWays(() => {
+        const { value, grads } = tf.variableGrads(() => {
+          const logp = LogProbs.ofSequences(model, { ids, attentionMask }).logprobs
+          return tf.neg(tf.sum(tf.mul(logp, tf.tensor2d(attentionMask)))) as tf.Scalar
+        }, variables)
+        return [value, ...variables.map((v) => grads[v.name]!)]
+      }),
+      1e-4 // sums over the whole model: float32 rounding accumulates
+    )
+    Transformer.dispose(model)
+  })
+
+  it("KV-cache decoding (prefill, extend, select) gives the stock logits", () => {
+    const model = Transformer.init(tinyConfig(), 4)
+    const prompts = [
+      [1, 2, 3, 4, 5],
+      [6, 7],
+      [8, 9, 10]
+    ]
+    const run = () => {
+      const view = Transformer.inferenceView(model)
+      let { cache, logits } = KvCache.prefill(model, view, prompts)
+      const all = [logits]
+      for (let i = 0; i < 4; i++) {
+        const stepped = KvCache.extend(model, view, cache, [i, i + 1, i + 2].slice(0, cache.batch))
+        cache = stepped.cache
+        all.push(stepped.logits)
+        if (i === 1) cache = KvCache.select(cache, [2, 0])
+      }
+      KvCache.dispose(cache)
+      Transformer.disposeView(view)
+      return all.map((l) => tf.tensor(l))
+    }
+    assertClose("decode logits", bothWays(run))
+    Transformer.dispose(model)
+  })
+
+  it("1,000 training and decoding steps leak no tensors and no native memory", async () => {
+    NativeKernels.register("wasm")
+    const model = Transformer.init(
+      tinyConfig({ num_hidden_layers: 1, hidden_size: 16, intermediate_size: 16, max_position_embeddings: 512 }),
+      5
+    )
+    const optimizer = NativeKernels.adam(1e-3)
+    const variables = Transformer.trainableVariables(model)
+    const ids = [
+      [1, 2, 3, 4, 5, 6],
+      [7, 8, 9, 10, 11, 12]
+    ]
+    const trainStep = () =>
+      optimizer
+        .minimize(() => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar, true, variables)
+        ?.dispose()
+    trainStep() // optimizer slots are created on the first step
+    const tensorsBefore = tf.memory().numTensors
+    const callsBefore = NativeKernels.stats().calls
+    for (let i = 0; i < 1000; i++) trainStep()
+    assert.strictEqual(tf.memory().numTensors, tensorsBefore)
+    // 1,000 decode steps: two generations of 2 rows × 500 tokens (cache growth to 503 slots)
+    for (const seed of [0, 2]) {
+      const out = await Sampling.generate(
+        model,
+        [seed, seed + 1].map((s) => ({
+          promptIds: [1, 2, 3],
+          sampling: { ...Sampling.defaultParams, maxNewTokens: 500, seed: s }
+        }))
+      )
+      assert.strictEqual(
+        out.reduce((n, c) => n + c.tokens.length, 0),
+        1000
+      )
+    }
+    assert.strictEqual(tf.memory().numTensors, tensorsBefore)
+    assert.isAbove(NativeKernels.stats().calls - callsBefore, 1000 * 10)
+    assert.strictEqual(NativeKernels.stats().scratchBytes, 0)
+    optimizer.dispose()
+    Transformer.dispose(model)
+    NativeKernels.unregister("wasm")
+  })
+})
