@@ -162,7 +162,7 @@ const contentText = (item: Content): string => {
 export const resultText = (result: { readonly content?: unknown; readonly structuredContent?: unknown }): string => {
   const content = Array.isArray(result.content) ? (result.content as ReadonlyArray<Content>) : []
   if (content.length === 0 && result.structuredContent !== undefined) return JSON.stringify(result.structuredContent)
-  return content.map(contentText).join("\n")
+  return content.length === 1 ? contentText(content[0]!) : content.map(contentText).join("\n")
 }
 
 /** Caps `text` at `max` characters; the cut is marked so the model (and a reader) knows output is missing. */
@@ -444,10 +444,14 @@ interface CallFailure {
   readonly delivered: boolean
 }
 
+/** Completes an `Effect.callback`. */
+type Resume = (effect: Effect.Effect<ToolResult, ToolCallError>) => void
+
 interface Connection {
   readonly config: McpServerConfig
   readonly tools: () => ReadonlyArray<Tool>
-  readonly call: (tool: string, args: Readonly<Record<string, unknown>>) => Effect.Effect<ToolResult, ToolCallError>
+  /** Starts one call (the body of an `Effect.callback`): a session's call is one Effect primitive in all. */
+  readonly start: (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, signal: AbortSignal) => void
   readonly pid: () => number | undefined
 }
 
@@ -828,16 +832,31 @@ const makeConnection = Effect.fnUntraced(function* (
   // The hot path (a live connection) is one Effect primitive around the SDK's promise: the SDK's own `timeout` and
   // `signal` carry the per-call timeout and interruption, and the retry machinery is entered only after a failure.
   // Per-call Effect overhead is what the mcp-latency bench measures against the bare SDK.
-  const call = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, ToolCallError> =>
-    Effect.callback<ToolResult, ToolCallError>((resume, signal) => {
-      counters.calls++
-      const conn = live
-      if (conn === undefined || conn.closed) return resume(first(tool, args)) // (re)start the server first
-      send(conn, tool, args, signal).then(
-        (o) => resume(o.ok ? Effect.succeed(o.value) : recover(tool, args, o.failure)),
-        (defect: unknown) => resume(Effect.die(defect))
+  const start = (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, signal: AbortSignal) => {
+    counters.calls++
+    const conn = live
+    if (conn === undefined || conn.closed) return resume(first(tool, args)) // (re)start the server first
+    const done = (o: Outcome) => resume(o.ok ? Effect.succeed(o.value) : recover(tool, args, o.failure))
+    const die = (defect: unknown) => resume(Effect.die(defect))
+    // settled in the SDK promise's own callbacks: no second promise per call
+    conn.client
+      .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
+      .then(
+        (result) => {
+          let o: Outcome
+          try {
+            o = settle(tool, result)
+          } catch (defect) {
+            return die(defect)
+          }
+          done(o)
+        },
+        (cause: unknown) => {
+          if (cause instanceof UnauthorizedError) reauthorize(conn, tool, cause).then(done, die)
+          else done(rejected(conn, tool, cause))
+        }
       )
-    })
+  }
 
   yield* Scope.addFinalizer(
     scope,
@@ -847,7 +866,7 @@ const makeConnection = Effect.fnUntraced(function* (
   const connection: Connection = {
     config,
     tools: () => tools,
-    call,
+    start,
     pid: () => {
       const t = live?.transport
       return t instanceof ChildStdioTransport && t.alive ? t.child?.pid : undefined
@@ -882,30 +901,40 @@ const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean
   // the mounted list changes only when a server re-lists (after a restart): recompute then, not per call
   let listed: ReadonlyArray<ReadonlyArray<Tool>> = []
   let mounted: ReadonlyArray<McpTool> = []
+  let byName = new Map<string, { readonly tool: McpTool; readonly connection: Connection }>()
   const current = () => {
-    if (listed.length !== connections.length || connections.some((c, i) => c.tools() !== listed[i])) {
+    let changed = listed.length !== connections.length
+    for (let i = 0; i < connections.length && !changed; i++) changed = connections[i]!.tools() !== listed[i]
+    if (changed) {
       listed = connections.map((c) => c.tools())
       mounted = mountedTools(connections, namespaced)
+      byName = new Map()
+      for (const tool of mounted) {
+        if (byName.has(tool.name)) continue // the first of a name answers, as a search would
+        byName.set(tool.name, { tool, connection: connections.find((c) => c.config.name === tool.server)! })
+      }
     }
     return mounted
   }
+  // one Effect primitive per call: the lookup runs when the call starts (a restart may have re-listed the tools)
   const call = (name: string, args: Readonly<Record<string, unknown>>) =>
-    Effect.suspend(() => {
+    Effect.callback<ToolResult, ToolCallError>((resume, signal) => {
       const tools = current()
-      const tool = tools.find((t) => t.name === name)
-      if (tool === undefined) {
+      const found = byName.get(name)
+      if (found === undefined) {
         const server = namespaced ? (name.split("__")[0] ?? "") : (connections[0]?.config.name ?? "")
-        return Effect.fail(
-          new ToolCallError({
-            tool: name,
-            server,
-            reason: "UnknownTool",
-            message: `unknown tool ${name}; available: ${tools.map((t) => t.name).join(", ")}`
-          })
+        return resume(
+          Effect.fail(
+            new ToolCallError({
+              tool: name,
+              server,
+              reason: "UnknownTool",
+              message: `unknown tool ${name}; available: ${tools.map((t) => t.name).join(", ")}`
+            })
+          )
         )
       }
-      const connection = connections.find((c) => c.config.name === tool.server)!
-      return connection.call(tool.remoteName, args)
+      found.connection.start(found.tool.remoteName, args, resume, signal)
     })
   return {
     get tools() {

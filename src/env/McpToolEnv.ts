@@ -156,18 +156,15 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
     i: number,
     records: Array<ToolCallRecord>
   ): Effect.Effect<Array<ToolCallRecord>, EnvError> => {
-    const next = Effect.mapError(session.call(todo[i]!), toEnvError)
+    const kept = (record: ToolCallRecord) => {
+      keep(record)
+      records.push(record)
+      return records
+    }
+    const next = session.call(todo[i]!)
     return i === todo.length - 1
-      ? Effect.map(next, (record) => {
-          keep(record)
-          records.push(record)
-          return records
-        })
-      : Effect.flatMap(next, (record) => {
-          keep(record)
-          records.push(record)
-          return runCalls(todo, i + 1, records)
-        })
+      ? Effect.mapBoth(next, { onFailure: toEnvError, onSuccess: kept })
+      : Effect.flatMap(Effect.mapError(next, toEnvError), (record) => runCalls(todo, i + 1, kept(record)))
   }
 
   const finish = (
@@ -186,17 +183,18 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
       for (const r of records) observations.push({ role: "tool", content: r.result, tool_call_id: r.id, name: r.tool })
       if (parsed.error !== undefined) observations.push({ role: "tool", content: `Error: ${parsed.error}` })
     }
-    return {
-      observations,
-      reward: result.reward,
-      done,
-      metadata: {
-        toolCalls: records,
-        ...(parsed.error === undefined ? {} : { parseError: parsed.error }),
-        ...(parsed.finalAnswer === undefined ? {} : { finalAnswer: parsed.finalAnswer }),
-        ...(stop === undefined ? {} : { stopReason: stop })
-      }
+    const metadata: {
+      toolCalls: ReadonlyArray<ToolCallRecord>
+      parseError?: string
+      finalAnswer?: string
+      stopReason?: string
+    } = {
+      toolCalls: records
     }
+    if (parsed.error !== undefined) metadata.parseError = parsed.error
+    if (parsed.finalAnswer !== undefined) metadata.finalAnswer = parsed.finalAnswer
+    if (stop !== undefined) metadata.stopReason = stop
+    return { observations, reward: result.reward, done, metadata }
   }
 
   // the parser gives a final answer for text without calls, for <answer>…</answer> and for ReAct's Final Answer

@@ -58,11 +58,10 @@ export const parse = (text: string, format: Format = "auto"): Parsed => {
     tagContent(visible, "answer") ??
     found.finalAnswer ??
     (calls.length === 0 && error === undefined ? visible.trim() : undefined)
-  return {
-    calls,
-    ...(finalAnswer === undefined ? {} : { finalAnswer }),
-    ...(error === undefined ? {} : { error })
-  }
+  const parsed: { calls: ReadonlyArray<ToolCall>; finalAnswer?: string; error?: string } = { calls }
+  if (finalAnswer !== undefined) parsed.finalAnswer = finalAnswer
+  if (error !== undefined) parsed.error = error
+  return parsed
 }
 
 /** `parse`, failing with `ToolCallParseError` when any attempt could not be read. */

@@ -13,7 +13,7 @@
  * Tool failures are not errors here: they are records with `isError: true` and the text the model is shown
  * (`Error: division by zero`).
  */
-import { Clock, Context, Effect, FileSystem, Layer, Schema, type Scope } from "effect"
+import { Context, Effect, FileSystem, Layer, Schema, type Scope } from "effect"
 import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
 import type { ToolCall, ToolCallRecord } from "../domain/ToolCall.ts"
 import * as McpClient from "./McpClient.ts"
@@ -62,24 +62,21 @@ const errorText = (e: McpClient.ToolCallError): string => `Error: ${e.message}`
 const liveSession = (client: McpClient.McpClient["Service"], keep: ((r: ToolCallRecord) => void) | undefined) =>
   Effect.gen(function* () {
     const session = yield* client.session
-    const clock = yield* Clock.Clock
     const serverOf = (name: string) => session.tools.find((t) => t.name === name)?.server
-    const record = (c: ToolCall, start: bigint, result: string, isError: boolean, server: string | undefined) => {
-      const r: ToolCallRecord = {
-        id: c.id,
-        ...(server === undefined || server === "" ? {} : { server }),
-        tool: c.name,
-        arguments: c.arguments,
-        result,
-        isError,
-        ms: Number(clock.currentTimeNanosUnsafe() - start) / 1e6
-      }
+    const record = (c: ToolCall, start: number, result: string, isError: boolean, server: string | undefined) => {
+      const ms = performance.now() - start
+      const r: ToolCallRecord =
+        server === undefined || server === ""
+          ? { id: c.id, tool: c.name, arguments: c.arguments, result, isError, ms }
+          : { id: c.id, server, tool: c.name, arguments: c.arguments, result, isError, ms }
       keep?.(r)
       return r
     }
     const call = (c: ToolCall): Effect.Effect<ToolCallRecord> =>
       Effect.suspend(() => {
-        const start = clock.currentTimeNanosUnsafe()
+        // a duration for metrics, not a time the program acts on: the monotonic clock, without the Clock service's
+        // BigInt wall-time arithmetic (two per call, on every tool call's path)
+        const start = performance.now()
         return Effect.match(session.call(c.name, c.arguments), {
           onSuccess: (ok) => record(c, start, ok.text, false, ok.server),
           onFailure: (e) => record(c, start, errorText(e), true, serverOf(c.name) ?? e.server)
