@@ -2,7 +2,8 @@
  * The bundled toolbox MCP server: deterministic tools that multi-step tasks need (arithmetic, a record store with
  * chained lookups, unit conversion, date arithmetic). Outputs are short plain text, because tiny policies read them.
  * A tool that cannot answer returns an MCP `isError` result with a one-line reason ("division by zero"), never a
- * protocol error, so the policy sees it as an observation. `latencyMs` delays every call, to simulate slow tools.
+ * protocol error, so the policy sees it as an observation. `latencyMs` delays every call, to simulate slow tools; with
+ * `latencyMaxMs` too, each call waits a uniformly random time in [latencyMs, latencyMaxMs].
  *
  * This file and `server.ts` import the MCP SDK's server side; the client side lives only in `src/env/McpClient.ts`.
  */
@@ -15,6 +16,17 @@ import * as Records from "./Records.ts"
 
 export interface ToolboxOptions {
   readonly latencyMs?: number
+  /** The upper end of a random per-call latency (uniform in [latencyMs, latencyMaxMs]); default latencyMs. */
+  readonly latencyMaxMs?: number
+}
+
+/** `"50"` → [50, 50]; `"50-200"` → [50, 200]; undefined for anything else (negative, reversed, not a number). */
+export const parseLatency = (text: string): readonly [number, number] | undefined => {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(?:-\s*(\d+(?:\.\d+)?)\s*)?$/.exec(text)
+  if (m === null) return undefined
+  const min = Number(m[1])
+  const max = m[2] === undefined ? min : Number(m[2])
+  return max >= min ? [min, max] : undefined
 }
 
 /** A tool's own refusal ("division by zero"): becomes an `isError` result. */
@@ -123,9 +135,11 @@ const readOnly = { readOnlyHint: true, idempotentHint: true, openWorldHint: fals
 /** Builds a fresh toolbox server (one per connection in HTTP mode). */
 export const make = (options: ToolboxOptions = {}): McpServer => {
   const latencyMs = options.latencyMs ?? 0
+  const latencyMaxMs = Math.max(latencyMs, options.latencyMaxMs ?? latencyMs)
   const server = new McpServer({ name: "effect-rl-toolbox", version: "0.1.0" })
   const run = async (answer: () => string | number): Promise<CallToolResult> => {
-    if (latencyMs > 0) await sleep(latencyMs)
+    const delay = latencyMs + Math.random() * (latencyMaxMs - latencyMs)
+    if (delay > 0) await sleep(delay)
     try {
       const value = answer()
       return { content: [{ type: "text", text: typeof value === "number" ? formatNumber(value) : value }] }

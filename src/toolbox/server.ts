@@ -4,6 +4,7 @@
  *   node src/toolbox/server.ts                     # stdio
  *   node src/toolbox/server.ts --http 8931         # Streamable HTTP on http://127.0.0.1:8931/mcp (0 = any free port)
  *   node src/toolbox/server.ts --latency-ms 50     # or TOOLBOX_LATENCY_MS=50: every call waits 50 ms
+ *   node src/toolbox/server.ts --latency-ms 50-200 # each call waits a uniformly random 50–200 ms
  *
  * HTTP mode is stateless (a fresh server per request, no session id): the toolbox keeps no state, so any replica can
  * answer any request. It binds to 127.0.0.1 only and prints `listening on <url>` to stderr once ready.
@@ -20,15 +21,17 @@ const argValue = (flag: string): string | undefined => {
   return i >= 0 ? process.argv[i + 1] : undefined
 }
 
-const latencyMs = Number(argValue("--latency-ms") ?? process.env["TOOLBOX_LATENCY_MS"] ?? 0)
-if (!Number.isFinite(latencyMs) || latencyMs < 0) {
-  process.stderr.write(`toolbox: bad latency ${latencyMs}\n`)
+const latencyText = argValue("--latency-ms") ?? process.env["TOOLBOX_LATENCY_MS"] ?? "0"
+const latency = Toolbox.parseLatency(latencyText)
+if (latency === undefined) {
+  process.stderr.write(`toolbox: bad latency ${latencyText} (want MS or MIN-MAX)\n`)
   process.exit(2)
 }
+const options: Toolbox.ToolboxOptions = { latencyMs: latency[0], latencyMaxMs: latency[1] }
 const httpPort = argValue("--http")
 
 if (httpPort === undefined) {
-  const server = Toolbox.make({ latencyMs })
+  const server = Toolbox.make(options)
   await server.connect(new StdioServerTransport())
   // The client closing our stdin is the end of the session: never linger as an orphan.
   process.stdin.on("end", () => process.exit(0))
@@ -53,7 +56,7 @@ if (httpPort === undefined) {
         res.end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32700, message: "Parse error" }, id: null }))
         return
       }
-      const server = Toolbox.make({ latencyMs })
+      const server = Toolbox.make(options)
       const transport = new StreamableHTTPServerTransport({ enableJsonResponse: true }) // no session ids: stateless
       res.on("close", () => {
         void transport.close()
