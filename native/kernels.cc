@@ -512,12 +512,35 @@ napi_value Matmul(napi_env env, napi_callback_info info) {
       for (int64_t b = b0; b < b1; b++) rowsOf(b, 0, M);
     });
   } else {
-    // Row blocks of 16 per thread (the SGEMM micro-kernels work on row multiples of 4–16).
-    int64_t blocks = (M + 15) / 16;
-    int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (int64_t)16 * N * std::max(K, 1)));
+    // Blocks of 64 rows of C, or (BLAS, when A is the smaller operand) of 64 columns: each chunk's BLAS call packs the
+    // whole of the operand it does not split, so split the one that is costlier to repack. About two chunks per thread:
+    // big enough to amortise the packing, enough to rebalance when a thread is descheduled.
+#ifdef EFFECT_RL_OPENBLAS
+    bool byColumns = M < N;
+#else
+    bool byColumns = false;
+#endif
+    int64_t units = ((byColumns ? N : M) + 63) / 64;
+    int64_t minUnits = std::max<int64_t>(1, (int64_t)262144 / std::max<int64_t>(1, (int64_t)64 * (byColumns ? M : N) * std::max(K, 1)));
+    int64_t grain = std::max<int64_t>(minUnits, units / (2 * std::max(1, pool.size())));
     for (int64_t b = 0; b < batch; b++) {
-      pool.parallelFor(blocks, grain, [&](int64_t k0, int64_t k1) {
-        rowsOf(b, (int)(k0 * 16), (int)std::min<int64_t>(M, k1 * 16));
+      pool.parallelFor(units, grain, [&](int64_t u0, int64_t u1) {
+        if (!byColumns) {
+          rowsOf(b, (int)(u0 * 64), (int)std::min<int64_t>(M, u1 * 64));
+          return;
+        }
+#ifdef EFFECT_RL_OPENBLAS
+        int n0 = (int)(u0 * 64), n1 = (int)std::min<int64_t>(N, u1 * 64);
+        int64_t ia = aIndex ? aIndex[b] : b * aStride;
+        int64_t ib = bIndex ? bIndex[b] : b * bStride;
+        int lda = ta ? M : K, ldb = tb ? K : N;
+        if (K == 0) {
+          for (int i = 0; i < M; i++) std::memset(C + b * cSize + (int64_t)i * N + n0, 0, sizeof(float) * (n1 - n0));
+          return;
+        }
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, n1 - n0, K, 1.0f,
+                    A + ia, lda, B + ib + (tb ? (int64_t)n0 * ldb : n0), ldb, 0.0f, C + b * cSize + n0, N);
+#endif
       });
     }
   }
@@ -1406,9 +1429,10 @@ napi_value Rope(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
-// qkvPrep(heap, qkv, cos, sin, norm, eps, pastK, pastV, q, keys, values, B, T, P, H, Hkv, hd): inference. qkv
-// [B·T, (H + 2Hkv)·hd] → q [B·T, H, hd] and the new tokens' k: each head RMS-normed by norm [H + Hkv, hd] (norm ≥ 0)
-// then rotated (cos, sin [B·T, hd]); keys/values [B, P + T, Hkv, hd] = past (pastK/pastV [B, P, Hkv, hd]) then new.
+// qkvPrep(heap, qkv, cos, sin, norm, eps, pastK, pastV, q, keys, values, B, T, P, H, Hkv, hd, pastCap, outCap):
+// inference. qkv [B·T, (H + 2Hkv)·hd] → q [B·T, H, hd] and the new tokens' k: each head RMS-normed by norm
+// [H + Hkv, hd] (norm ≥ 0) then rotated (cos, sin [B·T, hd]). keys/values [B, outCap, Hkv, hd] hold the P past slots
+// (pastK/pastV [B, pastCap, Hkv, hd]), then the new ones. keys == pastK: appended in place (capacity to spare), no copy.
 napi_value QkvPrep(napi_env env, napi_callback_info info) {
   Args args(env, info);
   Heap heap;
@@ -1417,11 +1441,14 @@ napi_value QkvPrep(napi_env env, napi_callback_info info) {
   float eps = (float)args.num(5);
   int64_t pkOff = args.i64(6), pvOff = args.i64(7), qOff = args.i64(8), kOff = args.i64(9), vOff = args.i64(10);
   int64_t B = args.i64(11), T = args.i64(12), P = args.i64(13), H = args.i64(14), Hkv = args.i64(15), hd = args.i64(16);
+  int64_t pastCap = args.i64(17), L = args.i64(18);  // L: the outputs' slots per row (capacity ≥ P + T)
   if (!args.ok) return nullptr;
-  int64_t N = B * T, L = P + T, row = (H + 2 * Hkv) * hd, kvRow = Hkv * hd;
-  if (hd % 2 != 0 || hd > 1024 || !heap.contains(qkvOff, N * row) || !heap.contains(cOff, N * hd) ||
-      !heap.contains(sOff, N * hd) || (nOff >= 0 && !heap.contains(nOff, (H + Hkv) * hd)) ||
-      (P > 0 && (!heap.contains(pkOff, B * P * kvRow) || !heap.contains(pvOff, B * P * kvRow))) ||
+  int64_t N = B * T, row = (H + 2 * Hkv) * hd, kvRow = Hkv * hd;
+  bool inPlace = P > 0 && kOff == pkOff && vOff == pvOff;
+  if (hd % 2 != 0 || hd > 1024 || L < P + T || (P > 0 && pastCap < P) || (inPlace && pastCap != L) ||
+      !heap.contains(qkvOff, N * row) || !heap.contains(cOff, N * hd) || !heap.contains(sOff, N * hd) ||
+      (nOff >= 0 && !heap.contains(nOff, (H + Hkv) * hd)) ||
+      (P > 0 && (!heap.contains(pkOff, B * pastCap * kvRow) || !heap.contains(pvOff, B * pastCap * kvRow))) ||
       !heap.contains(qOff, N * H * hd) || !heap.contains(kOff, B * L * kvRow) || !heap.contains(vOff, B * L * kvRow)) {
     args.fail("qkvPrep: tensor range outside the heap");
     return nullptr;
@@ -1429,11 +1456,11 @@ napi_value QkvPrep(napi_env env, napi_callback_info info) {
   calls++;
   float* keys = heap.f32(kOff);
   float* values = heap.f32(vOff);
-  if (P > 0) {
-    pool.parallelFor(B, 1, [&](int64_t b0, int64_t b1) {
+  if (P > 0 && !inPlace) {
+    pool.parallelFor(B, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, P * kvRow)), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; b++) {
-        std::memcpy(keys + b * L * kvRow, heap.f32(pkOff) + b * P * kvRow, sizeof(float) * P * kvRow);
-        std::memcpy(values + b * L * kvRow, heap.f32(pvOff) + b * P * kvRow, sizeof(float) * P * kvRow);
+        std::memcpy(keys + b * L * kvRow, heap.f32(pkOff) + b * pastCap * kvRow, sizeof(float) * P * kvRow);
+        std::memcpy(values + b * L * kvRow, heap.f32(pvOff) + b * pastCap * kvRow, sizeof(float) * P * kvRow);
       }
     });
   }
@@ -1462,8 +1489,9 @@ napi_value QkvPrep(napi_env env, napi_callback_info info) {
   return undefinedValue(env);
 }
 
-// attention(heap, q, k, v, bias, out, probs, B, T, L, H, Hkv, hd, scale): q, out [B, T, H, hd]; k, v [B, L, Hkv, hd];
-// bias [B, T, L] additive (< 0: none); probs [B, H, T, L] (< 0: not kept). Query head h reads KV head h / (H / Hkv).
+// attention(heap, q, k, v, bias, out, probs, B, T, L, H, Hkv, hd, scale, kvCap): q, out [B, T, H, hd]; k, v
+// [B, kvCap, Hkv, hd] of which the first L slots count; bias [B, T, L] additive (< 0: none); probs [B, H, T, L]
+// (< 0: not kept). Query head h reads KV head h / (H / Hkv).
 napi_value Attention(napi_env env, napi_callback_info info) {
   Args args(env, info);
   Heap heap;
@@ -1472,9 +1500,11 @@ napi_value Attention(napi_env env, napi_callback_info info) {
   int64_t pOff = args.i64(6), B = args.i64(7), T = args.i64(8), L = args.i64(9), H = args.i64(10), Hkv = args.i64(11);
   int64_t hd = args.i64(12);
   float scale = (float)args.num(13);
+  int64_t cap = args.i64(14);
   if (!args.ok) return nullptr;
-  if (Hkv <= 0 || H % Hkv != 0 || L <= 0 || !heap.contains(qOff, B * T * H * hd) || !heap.contains(oOff, B * T * H * hd) ||
-      !heap.contains(kOff, B * L * Hkv * hd) || !heap.contains(vOff, B * L * Hkv * hd) ||
+  if (Hkv <= 0 || H % Hkv != 0 || L <= 0 || cap < L || !heap.contains(qOff, B * T * H * hd) ||
+      !heap.contains(oOff, B * T * H * hd) || !heap.contains(kOff, B * cap * Hkv * hd) ||
+      !heap.contains(vOff, B * cap * Hkv * hd) ||
       (bOff >= 0 && !heap.contains(bOff, B * T * L)) || (pOff >= 0 && !heap.contains(pOff, B * H * T * L))) {
     args.fail("attention: tensor range outside the heap");
     return nullptr;
@@ -1489,8 +1519,8 @@ napi_value Attention(napi_env env, napi_callback_info info) {
       int64_t b = j / H, h = j % H, g = h / rep;
       float* S = pOff >= 0 ? heap.f32(pOff) + j * T * L : own.p;
       const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
-      const float* K = heap.f32(kOff) + (b * L * Hkv + g) * hd;
-      const float* V = heap.f32(vOff) + (b * L * Hkv + g) * hd;
+      const float* K = heap.f32(kOff) + (b * cap * Hkv + g) * hd;
+      const float* V = heap.f32(vOff) + (b * cap * Hkv + g) * hd;
       gemmS(false, true, (int)T, (int)L, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f, S, (int)L);
       for (int64_t t = 0; t < T; t++) {
         float* s = S + t * L;

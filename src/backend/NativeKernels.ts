@@ -851,22 +851,38 @@ const fusedKernels: Record<string, FusedKernel> = {
     )
     return out
   },
-  // qkv [B·T, (H + 2Hkv)·hd], cos/sin [B·T, hd], norm? [H + Hkv, hd], pastK/pastV? [B, P, Hkv, hd]
-  // → q [B·T, H, hd], keys/values [B, P + T, Hkv, hd]
+  // qkv [B·T, (H + 2Hkv)·hd], cos/sin [B·T, hd], norm? [H + Hkv, hd], pastK/pastV? [B, C, Hkv, hd] holding P = pastLength
+  // slots → q [B·T, H, hd], keys/values [B, C', Hkv, hd] holding P + T. When the past has room (C ≥ P + T) the new
+  // slots are written into it in place and keys/values share its buffers (the cache owns them and drops the old
+  // tensors); else, with `reserve`, C' leaves room for later steps.
   EffectRlQkvPrep: (addon, { inputs, backend, attrs }) => {
     const { qkv, cos, sin, norm, pastK, pastV } = inputs as Record<"qkv" | "cos" | "sin", tf.TensorInfo> & {
       norm?: tf.TensorInfo
       pastK?: tf.TensorInfo
       pastV?: tf.TensorInfo
     }
-    const a = attrs as unknown as Record<"batch" | "heads" | "kvHeads" | "headDim" | "eps", number>
+    const a = attrs as unknown as Record<"batch" | "heads" | "kvHeads" | "headDim" | "eps" | "pastLength", number> & {
+      reserve: boolean
+    }
     const N = qkv.shape[0]!
     const B = a.batch
     const T = N / B
-    const P = pastK === undefined ? 0 : pastK.shape[1]!
+    const P = pastK === undefined ? 0 : a.pastLength
+    const pastCap = pastK === undefined ? 0 : pastK.shape[1]!
+    const inPlace = pastK !== undefined && pastV !== undefined && pastCap >= P + T
     const q = backend.makeOutput([N, a.heads, a.headDim], "float32")
-    const keys = backend.makeOutput([B, P + T, a.kvHeads, a.headDim], "float32")
-    const values = backend.makeOutput([B, P + T, a.kvHeads, a.headDim], "float32")
+    let keys: tf.TensorInfo
+    let values: tf.TensorInfo
+    if (inPlace) {
+      backend.incRef(pastK.dataId)
+      backend.incRef(pastV.dataId)
+      keys = { dataId: pastK.dataId, shape: pastK.shape, dtype: "float32" }
+      values = { dataId: pastV.dataId, shape: pastV.shape, dtype: "float32" }
+    } else {
+      const slots = a.reserve ? P + T + Math.max(16, Math.ceil((P + T) / 2)) : P + T
+      keys = backend.makeOutput([B, slots, a.kvHeads, a.headDim], "float32")
+      values = backend.makeOutput([B, slots, a.kvHeads, a.headDim], "float32")
+    }
     addon.qkvPrep(
       backend.wasm.HEAPU8,
       offsetOf(backend, qkv),
@@ -884,15 +900,19 @@ const fusedKernels: Record<string, FusedKernel> = {
       P,
       a.heads,
       a.kvHeads,
-      a.headDim
+      a.headDim,
+      pastCap,
+      keys.shape[1]!
     )
     return [q, keys, values]
   },
-  // q [B·T, H, hd], k/v [B, L, Hkv, hd], bias? [B, T, L] → out [B·T, H·hd] (+ probs [B, H, T, L] when keepProbs)
+  // q [B·T, H, hd], k/v [B, C, Hkv, hd] of which the first `length` (default C) slots count, bias? [B, T, length]
+  // → out [B·T, H·hd] (+ probs [B, H, T, length] when keepProbs)
   EffectRlAttention: (addon, { inputs, backend, attrs }) => {
     const { q, k, v, bias } = inputs as Record<"q" | "k" | "v", tf.TensorInfo> & { bias?: tf.TensorInfo }
-    const a = attrs as unknown as { scale: number; keepProbs: boolean }
-    const [B, L, Hkv, hd] = k.shape as [number, number, number, number]
+    const a = attrs as unknown as { scale: number; keepProbs: boolean; length?: number }
+    const [B, C, Hkv, hd] = k.shape as [number, number, number, number]
+    const L = a.length ?? C
     const H = q.shape[1]!
     const T = q.shape[0]! / B
     const out = backend.makeOutput([B * T, H * hd], "float32")
@@ -911,7 +931,8 @@ const fusedKernels: Record<string, FusedKernel> = {
       H,
       Hkv,
       hd,
-      a.scale
+      a.scale,
+      C
     )
     return probs === undefined ? [out] : [out, probs]
   },

@@ -180,20 +180,28 @@ export const attentionStock = (
 }
 
 /**
- * softmax(scale · q kᵀ + bias) v per head. q `[N, H, hd]` (N = B·T), keys/values `[B, L, Hkv, hd]`, bias `[B, T, L]`
- * additive (constant: no gradient) → `[N, H·hd]`. Differentiable in q, keys and values.
+ * softmax(scale · q kᵀ + bias) v per head. q `[N, H, hd]` (N = B·T), keys/values `[B, C, Hkv, hd]` of which the first
+ * `length` (default C) slots count, bias `[B, T, length]` additive (constant: no gradient) → `[N, H·hd]`.
+ * Differentiable in q, keys and values.
  */
 export const attention = (
   q: tf.Tensor,
   keys: tf.Tensor4D,
   values: tf.Tensor4D,
   bias: tf.Tensor | undefined,
-  scale: number
+  scale: number,
+  length: number = keys.shape[1]
 ): tf.Tensor2D => {
-  if (!has("EffectRlAttention")) return attentionStock(q, keys, values, bias, scale)
+  if (!has("EffectRlAttention"))
+    return attentionStock(q, validSlots(keys, length), validSlots(values, length), bias, scale)
   const extra = bias === undefined ? {} : { bias }
   if (!tapeOn())
-    return run("EffectRlAttention", { q, k: keys, v: values, ...extra }, { scale, keepProbs: false })[0] as tf.Tensor2D
+    return run(
+      "EffectRlAttention",
+      { q, k: keys, v: values, ...extra },
+      { scale, keepProbs: false, length }
+    )[0] as tf.Tensor2D
+  if (length !== keys.shape[1]) return attention(q, validSlots(keys, length), validSlots(values, length), bias, scale)
   const op = tf.customGrad(((qIn: tf.Tensor, kIn: tf.Tensor, vIn: tf.Tensor, save: tf.GradSaveFunc) => {
     const [out, probs] = run("EffectRlAttention", { q: qIn, k: kIn, v: vIn, ...extra }, { scale, keepProbs: true })
     save([qIn, kIn, vIn, probs!])
@@ -209,19 +217,35 @@ export const attention = (
 // ---------------------------------------------------------------------------------------------------------------
 // Inference-only fusions (no gradients)
 
+/** A layer's cached keys/values `[B, C, Hkv, hd]`, of which the first `length` slots count (C ≥ length: room to grow). */
+export interface CachedKv {
+  readonly keys: tf.Tensor4D
+  readonly values: tf.Tensor4D
+  readonly length: number
+}
+
+/** The first `length` slots of a cache tensor `[B, C, Hkv, hd]` (itself when C = length). */
+export const validSlots = (t: tf.Tensor4D, length: number): tf.Tensor4D =>
+  t.shape[1] === length ? t : (tf.slice(t, [0, 0, 0, 0], [-1, length, -1, -1]) as tf.Tensor4D)
+
 /**
- * q|k|v preparation for a decode or prefill step: qkv `[N, (H + 2Hkv)·hd]` → q `[N, H, hd]` and the keys/values
- * `[B, P + T, Hkv, hd]` with the new tokens appended to `past`. q and k heads are RMS-normed by `qkNorm` `[H + Hkv, hd]`
- * (when given) and rotated with cos/sin `[N, hd]`.
+ * q|k|v preparation for a decode or prefill step: qkv `[N, (H + 2Hkv)·hd]` → q `[N, H, hd]` and the keys/values with
+ * the new tokens appended to `past` (length P + T). q and k heads are RMS-normed by `qkNorm` `[H + Hkv, hd]` (when
+ * given) and rotated with cos/sin `[N, hd]`.
+ *
+ * Natively, keys/values may carry spare slots: when `past` has room, the new slots are written INTO its buffers and the
+ * returned tensors share them, so the caller must own `past` and drop it (as KvCache.extend does); with `reserve`, a
+ * reallocation leaves room for later steps (amortised appends instead of copying the whole cache every token).
  */
 export const qkvPrep = (
   qkv: tf.Tensor2D,
   cos: tf.Tensor,
   sin: tf.Tensor,
   qkNorm: tf.Tensor2D | undefined,
-  past: { readonly keys: tf.Tensor4D; readonly values: tf.Tensor4D } | undefined,
+  past: CachedKv | undefined,
   dims: { readonly batch: number; readonly heads: number; readonly kvHeads: number; readonly headDim: number },
-  eps: number
+  eps: number,
+  reserve = false
 ): { readonly q: tf.Tensor3D; readonly keys: tf.Tensor4D; readonly values: tf.Tensor4D } => {
   const { batch: B, heads: H, kvHeads: Hkv, headDim: hd } = dims
   const N = qkv.shape[0]
@@ -229,11 +253,19 @@ export const qkvPrep = (
   if (has("EffectRlQkvPrep")) {
     const inputs: tf.NamedTensorMap = { qkv, cos, sin }
     if (qkNorm !== undefined) inputs["norm"] = qkNorm
-    if (past !== undefined) {
+    if (past !== undefined && past.length > 0) {
       inputs["pastK"] = past.keys
       inputs["pastV"] = past.values
     }
-    const [q, keys, values] = run("EffectRlQkvPrep", inputs, { batch: B, heads: H, kvHeads: Hkv, headDim: hd, eps })
+    const [q, keys, values] = run("EffectRlQkvPrep", inputs, {
+      batch: B,
+      heads: H,
+      kvHeads: Hkv,
+      headDim: hd,
+      eps,
+      pastLength: past?.length ?? 0,
+      reserve
+    })
     return { q: q as tf.Tensor3D, keys: keys as tf.Tensor4D, values: values as tf.Tensor4D }
   }
   const [qk2, v2] = tf.split(qkv, [(H + Hkv) * hd, Hkv * hd], 1)
@@ -242,10 +274,11 @@ export const qkvPrep = (
   const [q, k] = tf.split(ropeStock(qk, cos, sin), [H, Hkv], 1)
   const kNew = tf.reshape(k!, [B, T, Hkv, hd]) as tf.Tensor4D
   const vNew = tf.reshape(v2!, [B, T, Hkv, hd]) as tf.Tensor4D
+  if (past === undefined || past.length === 0) return { q: q as tf.Tensor3D, keys: kNew, values: vNew }
   return {
     q: q as tf.Tensor3D,
-    keys: past === undefined ? kNew : (tf.concat([past.keys, kNew], 1) as tf.Tensor4D),
-    values: past === undefined ? vNew : (tf.concat([past.values, vNew], 1) as tf.Tensor4D)
+    keys: tf.concat([validSlots(past.keys, past.length), kNew], 1) as tf.Tensor4D,
+    values: tf.concat([validSlots(past.values, past.length), vNew], 1) as tf.Tensor4D
   }
 }
 

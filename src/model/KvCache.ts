@@ -9,10 +9,11 @@
  * already cached stay as the old weights computed them, which is what in-flight weight updates in vLLM do too).
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Fused from "./Fused.ts"
 import * as Transformer from "./Transformer.ts"
 
 export interface KvCache {
-  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keys, values [B, L, Hkv, hd]
+  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keys, values [B, C ≥ L, Hkv, hd] (L slots used)
   readonly keyMask: Uint8Array // [B, L] row-major, 1 = real token
   readonly nextPosition: Int32Array // [B], RoPE position of each row's next token (= its real-token count)
   readonly batch: number // B
@@ -123,7 +124,8 @@ export const extend = (
       ids: tf.tensor2d(Int32Array.from(tokens), [B, 1], "int32"),
       keyMask,
       positions: cache.nextPosition,
-      past: cache.layers
+      past: cache.layers,
+      pastLength: cache.length
     })
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
@@ -155,8 +157,8 @@ export const copyRows = (cache: KvCache, rows: ReadonlyArray<number>): KvCache =
   const layers = tf.tidy(() => {
     const index = tf.tensor1d(Int32Array.from(rows), "int32")
     return cache.layers.map((c) => ({
-      keys: tf.gather(c.keys, index) as tf.Tensor4D, // [B', L, Hkv, hd]
-      values: tf.gather(c.values, index) as tf.Tensor4D // [B', L, Hkv, hd]
+      keys: tf.gather(Fused.validSlots(c.keys, L), index) as tf.Tensor4D, // [B', L, Hkv, hd]
+      values: tf.gather(Fused.validSlots(c.values, L), index) as tf.Tensor4D // [B', L, Hkv, hd]
     }))
   })
   const keyMask = new Uint8Array(rows.length * L)
@@ -180,26 +182,33 @@ export const dispose = (cache: KvCache): void => {
 /** Left-pad a cache to length L with masked-out zero keys/values (alignment of real tokens is kept on the right). */
 const padTo = (cache: KvCache, L: number): { layers: Array<Transformer.LayerCache>; keyMask: Uint8Array } => {
   const pad = L - cache.length
-  if (pad === 0) return { layers: [...cache.layers], keyMask: cache.keyMask }
+  const valid = (c: Transformer.LayerCache) => ({
+    keys: Fused.validSlots(c.keys, cache.length),
+    values: Fused.validSlots(c.values, cache.length)
+  })
+  if (pad === 0) return { layers: cache.layers.map((c) => tf.tidy(() => valid(c))), keyMask: cache.keyMask }
   const keyMask = new Uint8Array(cache.batch * L)
   for (let b = 0; b < cache.batch; b++) {
     keyMask.set(cache.keyMask.subarray(b * cache.length, (b + 1) * cache.length), b * L + pad)
   }
-  const layers = cache.layers.map((c) =>
-    tf.tidy(() => ({
-      keys: tf.pad(c.keys, [
-        [0, 0],
-        [pad, 0],
-        [0, 0],
-        [0, 0]
-      ]) as tf.Tensor4D, // [B, L, Hkv, hd]
-      values: tf.pad(c.values, [
-        [0, 0],
-        [pad, 0],
-        [0, 0],
-        [0, 0]
-      ]) as tf.Tensor4D // [B, L, Hkv, hd]
-    }))
+  const layers = cache.layers.map((layer) =>
+    tf.tidy(() => {
+      const c = valid(layer)
+      return {
+        keys: tf.pad(c.keys, [
+          [0, 0],
+          [pad, 0],
+          [0, 0],
+          [0, 0]
+        ]) as tf.Tensor4D, // [B, L, Hkv, hd]
+        values: tf.pad(c.values, [
+          [0, 0],
+          [pad, 0],
+          [0, 0],
+          [0, 0]
+        ]) as tf.Tensor4D // [B, L, Hkv, hd]
+      }
+    })
   )
   return { layers, keyMask }
 }
@@ -224,8 +233,8 @@ export const merge = (a: KvCache, b: KvCache): KvCache => {
       c.values.dispose()
     }
   }
-  if (a.length < L) dispose(a)
-  if (b.length < L) dispose(b)
+  dispose(a) // (tensors padTo passed through are already disposed above: disposing twice is a no-op)
+  dispose(b)
   const keyMask = new Uint8Array((a.batch + b.batch) * L)
   keyMask.set(pa.keyMask, 0)
   keyMask.set(pb.keyMask, a.batch * L)
@@ -319,7 +328,8 @@ export const append = (
       ids: tf.tensor2d(ids, [B, S], "int32"),
       keyMask,
       positions,
-      past: cache.layers
+      past: cache.layers,
+      pastLength: cache.length
     })
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
@@ -338,6 +348,6 @@ export const append = (
   }
 }
 
-/** Bytes the cache's tensors hold. */
+/** Bytes of the cache's tokens (its L slots; spare slots a growing cache reserves are not counted). */
 export const byteSize = (cache: KvCache): number =>
-  cache.layers.reduce((n, c) => n + 4 * (c.keys.size + c.values.size), 0)
+  cache.layers.reduce((n, c) => n + (4 * (c.keys.size + c.values.size) * cache.length) / c.keys.shape[1], 0)

@@ -436,10 +436,13 @@ export const ropeTables = (
   return { cos, sin }
 }
 
-/** Per-layer cached keys and values, token-major (appending a token copies contiguous rows). */
+/**
+ * Per-layer cached keys and values, token-major `[B, C, Hkv, hd]`: the first L slots (the cache's length, kept beside
+ * it) are tokens; the fused inference path keeps spare slots (C > L) and appends into them in place.
+ */
 export interface LayerCache {
-  readonly keys: tf.Tensor4D // [B, L, Hkv, hd]
-  readonly values: tf.Tensor4D // [B, L, Hkv, hd]
+  readonly keys: tf.Tensor4D // [B, C, Hkv, hd]
+  readonly values: tf.Tensor4D // [B, C, Hkv, hd]
 }
 
 export interface StepInput {
@@ -449,12 +452,14 @@ export interface StepInput {
   /** Row-major [B, L]: 1 where a key (cached or new) is a real token, 0 for padding. The new tokens are the last T. */
   readonly keyMask: ArrayLike<number>
   readonly past?: ReadonlyArray<LayerCache>
+  /** Slots of `past` that hold tokens (default: all of them). The caller owns `past` and drops it after the step. */
+  readonly pastLength?: number
   readonly training?: boolean // enables LoRA dropout
 }
 
 export interface StepOutput {
   readonly hidden: tf.Tensor2D // [B·T, D], after the final norm (without its weight for inference views: see logitsOf)
-  readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens
+  readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens (L = P + T of their slots)
 }
 
 /** Whether the fused inference path applies: an inference view whose layers are all fused (q|k|v, gate|up). */
@@ -492,7 +497,8 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const H = c.numHeads
   const Hkv = c.numKvHeads
   const hd = c.headDim
-  const P = input.past === undefined || input.past.length === 0 ? 0 : input.past[0]!.values.shape[1]
+  const P =
+    input.past === undefined || input.past.length === 0 ? 0 : (input.pastLength ?? input.past[0]!.values.shape[1])
   const L = P + T
   const training = input.training === true
   const mm = view.differentiable ? linear : plainMatMul
@@ -522,9 +528,19 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
       const qkvP = layer.qkv[0]!
       let qkv = Fused.linear(x, qkvP.w, { normEps: eps }) // [B·T, (H + 2Hkv)·hd]
       if (qkvP.b !== undefined) qkv = tf.add(qkv, qkvP.b)
-      const { q, keys, values } = Fused.qkvPrep(qkv, cosK, sinK, layer.jointQk!.qkNorm, input.past?.[l], dims, eps)
+      const past = input.past?.[l]
+      const { q, keys, values } = Fused.qkvPrep(
+        qkv,
+        cosK,
+        sinK,
+        layer.jointQk!.qkNorm,
+        past === undefined ? undefined : { ...past, length: P },
+        dims,
+        eps,
+        true // room for the next tokens: appends in place
+      )
       cache.push({ keys, values })
-      const attended = Fused.attention(q, keys, values, maskBias, 1) // [B·T, H·hd]; 1/√hd is in the weights
+      const attended = Fused.attention(q, keys, values, maskBias, 1, L) // [B·T, H·hd]; 1/√hd is in the weights
       x = Fused.linear(attended, layer.o.w, { residual: x }) // [B·T, D]
       const gateUp = Fused.linear(x, layer.gateUp[0]!.w, { normEps: eps }) // [B·T, 2I]
       x = Fused.linear(Fused.swigluJoined(gateUp), layer.down.w, { residual: x }) // [B·T, D]
@@ -572,8 +588,8 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
     const kNew = tf.reshape(k, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
     const vNew = tf.reshape(v2, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
     const past = input.past?.[l]
-    const keys = past === undefined ? kNew : (tf.concat([past.keys, kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
-    const values = past === undefined ? vNew : (tf.concat([past.values, vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+    const keys = past === undefined ? kNew : (tf.concat([Fused.validSlots(past.keys, P), kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+    const values = past === undefined ? vNew : (tf.concat([Fused.validSlots(past.values, P), vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
     cache.push({ keys, values })
     const attended = Fused.attention(q, keys, values, maskBias, attentionScale) // [B·T, H·hd]
     x = tf.add(x, project(attended, layer.o, training, mm)) // [B·T, D]

@@ -217,7 +217,8 @@ describe.skipIf(!native.available)("Fused kernels", () => {
           ? undefined
           : {
               keys: randomTensor([B, P, Hkv, hd], next) as tf.Tensor4D,
-              values: randomTensor([B, P, Hkv, hd], next) as tf.Tensor4D
+              values: randomTensor([B, P, Hkv, hd], next) as tf.Tensor4D,
+              length: P
             }
       assertClose(
         `qkvPrep B${B} T${T} P${P}`,
@@ -280,7 +281,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
     Transformer.dispose(model)
   })
 
-  it("KV-cache decoding (prefill, extend, select) gives the stock logits", () => {
+  it("KV-cache decoding (prefill, extend in place, select, merge, trim) gives the stock logits", () => {
     const model = Transformer.init(tinyConfig(), 4)
     const prompts = [
       [1, 2, 3, 4, 5],
@@ -296,7 +297,16 @@ describe.skipIf(!native.available)("Fused kernels", () => {
         cache = stepped.cache
         all.push(stepped.logits)
         if (i === 1) cache = KvCache.select(cache, [2, 0])
+        if (i === 2) {
+          const joined = KvCache.prefill(model, view, [[11, 12, 13, 14, 15, 16, 17, 18, 19]])
+          cache = KvCache.merge(cache, joined.cache) // left-pads the shorter one
+          all.push(joined.logits)
+        }
       }
+      cache = KvCache.trim(KvCache.select(cache, [1]))
+      const last = KvCache.extend(model, view, cache, [5])
+      cache = last.cache
+      all.push(last.logits)
       KvCache.dispose(cache)
       Transformer.disposeView(view)
       return all.map((l) => tf.tensor(l))
