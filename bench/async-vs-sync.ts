@@ -28,7 +28,7 @@
  * come and go).
  * Engine (both modes use the same): `worker` (default) decodes in a worker thread with its own tfjs instance, so
  * decoding can overlap training on the other core; `local` decodes in the trainer's thread and is paused while the
- * trainer updates the shared weights (median ratio 0.88 over 3 runs against 1.29 over 4 for `worker`, on the shared
+ * trainer updates the shared weights (median ratio 0.88 over 3 runs against 1.26 over 5 for `worker`, on the shared
  * 2-core machine). Either way the agent loops (turn hand-offs, tool calls and replies) run on the trainer's thread,
  * and a training step is synchronous compute: while it runs no trajectory moves on to its next turn. Compare the modes'
  * `groupSeconds`, `llmMsPerTurn` and `toolMsPerCall` to see it.
@@ -36,7 +36,7 @@
  * What decides the ratio: async can at best hide the generation phase behind the training step, so the ratio is
  * bounded by (train + generate) / train of a sync step, and needs generate ≳ train to reach 2×. With tools at
  * 50–200 ms a group generates in ≈0.7 s while training its 4 trajectories takes ≈0.8 s (2026-11, wasm + native
- * kernels, load 8–10 on 2 cores): bound ≈1.9×, measured median 1.29× (1.08–1.87). With tools at 500–1000 ms
+ * kernels, load 8–10 on 2 cores): bound ≈1.9×, measured median 1.26× (1.02–1.87). With tools at 500–1000 ms
  * (generate ≈2.8 s, `--latency-ms 500-1000 --steps 16`) async measured 2.75×: the pipeline delivers once the work is
  * tool-latency-bound.
  */
