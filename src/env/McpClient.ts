@@ -190,6 +190,43 @@ const killGroup = (pid: number, signal: NodeJS.Signals) => {
   }
 }
 
+/**
+ * Cancels one call: the part of `AbortSignal` that the SDK's `Protocol.request` reads (`throwIfAborted`, `aborted`,
+ * `reason`, an `abort` listener, which sends `notifications/cancelled`). An `AbortController` per call, with the
+ * listener the SDK adds to it, costs microseconds of EventTarget bookkeeping on every call (measured by the
+ * mcp-latency bench); a cancelled call is rare. Interrupting the calling fiber aborts it.
+ */
+export class CallCancel {
+  aborted = false
+  reason: unknown = undefined
+  private listener: (() => void) | undefined = undefined
+  private more: Array<() => void> | undefined = undefined
+  throwIfAborted(): void {
+    if (this.aborted) throw this.reason
+  }
+  addEventListener(type: string, listener: () => void): void {
+    if (type !== "abort") return
+    if (this.listener === undefined) this.listener = listener
+    else (this.more ??= []).push(listener)
+  }
+  removeEventListener(type: string, listener: () => void): void {
+    if (type !== "abort") return
+    if (this.listener === listener) this.listener = undefined
+    else if (this.more !== undefined) this.more = this.more.filter((l) => l !== listener)
+  }
+  abort(reason: unknown): void {
+    if (this.aborted) return
+    this.aborted = true
+    this.reason = reason
+    this.listener?.()
+    for (const l of this.more ?? []) l()
+  }
+  /** As the SDK's RequestOptions type it. */
+  get signal(): AbortSignal {
+    return this as unknown as AbortSignal
+  }
+}
+
 /** The write was refused before anything reached the server: safe to send again. */
 class NotDelivered extends Error {}
 
@@ -451,7 +488,7 @@ interface Connection {
   readonly config: McpServerConfig
   readonly tools: () => ReadonlyArray<Tool>
   /** Starts one call (the body of an `Effect.callback`): a session's call is one Effect primitive in all. */
-  readonly start: (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, signal: AbortSignal) => void
+  readonly start: (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, cancel: CallCancel) => void
   readonly pid: () => number | undefined
 }
 
@@ -832,7 +869,7 @@ const makeConnection = Effect.fnUntraced(function* (
   // The hot path (a live connection) is one Effect primitive around the SDK's promise: the SDK's own `timeout` and
   // `signal` carry the per-call timeout and interruption, and the retry machinery is entered only after a failure.
   // Per-call Effect overhead is what the mcp-latency bench measures against the bare SDK.
-  const start = (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, signal: AbortSignal) => {
+  const start = (tool: string, args: Readonly<Record<string, unknown>>, resume: Resume, cancel: CallCancel) => {
     counters.calls++
     const conn = live
     if (conn === undefined || conn.closed) return resume(first(tool, args)) // (re)start the server first
@@ -840,7 +877,10 @@ const makeConnection = Effect.fnUntraced(function* (
     const die = (defect: unknown) => resume(Effect.die(defect))
     // settled in the SDK promise's own callbacks: no second promise per call
     conn.client
-      .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
+      .callTool({ name: tool, arguments: { ...args } }, undefined, {
+        timeout: config.timeout_ms,
+        signal: cancel.signal
+      })
       .then(
         (result) => {
           let o: Outcome
@@ -918,7 +958,7 @@ const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean
   }
   // one Effect primitive per call: the lookup runs when the call starts (a restart may have re-listed the tools)
   const call = (name: string, args: Readonly<Record<string, unknown>>) =>
-    Effect.callback<ToolResult, ToolCallError>((resume, signal) => {
+    Effect.callback<ToolResult, ToolCallError>((resume) => {
       const tools = current()
       const found = byName.get(name)
       if (found === undefined) {
@@ -934,7 +974,9 @@ const makeSession = (connections: ReadonlyArray<Connection>, namespaced: boolean
           )
         )
       }
-      found.connection.start(found.tool.remoteName, args, resume, signal)
+      const cancel = new CallCancel()
+      found.connection.start(found.tool.remoteName, args, resume, cancel)
+      return Effect.sync(() => cancel.abort(new Error("interrupted")))
     })
   return {
     get tools() {

@@ -37,6 +37,11 @@ export const faulty = (dir: string, extra: Record<string, unknown> = {}) =>
     ...extra
   })
 
+export const cancelProbeScript = join(root, "test/env/CancelProbeServer.ts")
+/** `wait` answers only when cancelled, and logs `started` / `cancelled` to `log`. */
+export const cancelProbe = (log: string, extra: Record<string, unknown> = {}) =>
+  config({ name: "probe", command: "node", args: [cancelProbeScript], env: { CANCEL_PROBE_LOG: log }, ...extra })
+
 export const tempDir = (prefix: string) => mkdtempSync(join(tmpdir(), `effect-rl-${prefix}-`))
 
 export const freePort = (): Promise<number> =>

@@ -2,7 +2,7 @@ import { spawnSync } from "node:child_process"
 import { mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, it, layer } from "@effect/vitest"
-import { Effect, Exit, Logger, References } from "effect"
+import { Effect, Exit, Fiber, Logger, References } from "effect"
 import * as McpClient from "../../src/env/McpClient.ts"
 import * as Servers from "./McpServers.ts"
 
@@ -353,6 +353,25 @@ describe("McpClient against a faulty server", () => {
     assert.isTrue(Servers.diesWithin(seen.pids[0]!, 2000))
     assert.isTrue(Servers.diesWithin(seen.grandchild, 2000))
   })
+
+  it.live("interrupting a call cancels it on the server (notifications/cancelled); the connection stays usable", () =>
+    Effect.gen(function* () {
+      const log = join(Servers.tempDir("cancel"), "probe.log")
+      const client = yield* McpClient.make({ servers: [Servers.cancelProbe(log, { timeout_ms: 10_000 })] })
+      const started = Date.now()
+      const call = yield* Effect.forkChild(client.call("wait", {}))
+      yield* Effect.sleep("300 millis")
+      yield* Fiber.interrupt(call)
+      assert.isBelow(Date.now() - started, 5_000) // not the call's 10 s timeout
+      for (let i = 0; i < 100 && !Servers.readLines(log).includes("cancelled"); i++) yield* Effect.sleep("20 millis")
+      assert.deepStrictEqual(Servers.readLines(log), ["started", "cancelled"])
+      const again = yield* Effect.forkChild(client.call("wait", {}))
+      yield* Effect.sleep("300 millis")
+      yield* Fiber.interrupt(again)
+      for (let i = 0; i < 100 && Servers.readLines(log).length < 4; i++) yield* Effect.sleep("20 millis")
+      assert.deepStrictEqual(Servers.readLines(log), ["started", "cancelled", "started", "cancelled"])
+    }).pipe(Effect.scoped)
+  )
 
   it.live("no orphan: closing the client's scope kills a server stuck in a hanging call", () =>
     Effect.gen(function* () {
