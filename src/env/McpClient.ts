@@ -207,7 +207,8 @@ export class CallCancel {
   addEventListener(type: string, listener: () => void): void {
     if (type !== "abort") return
     if (this.listener === undefined) this.listener = listener
-    else (this.more ??= []).push(listener)
+    else if (this.more === undefined) this.more = [listener]
+    else this.more.push(listener)
   }
   removeEventListener(type: string, listener: () => void): void {
     if (type !== "abort") return
