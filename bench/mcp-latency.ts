@@ -221,6 +221,15 @@ const { sdk, env, client } = await Effect.runPromise(
     : measure.pipe(Effect.provide(layer))
 )
 const ratio = (a: number, b: number) => Number((a / b).toFixed(3))
+/** A column's modes with their ratios to the SDK's (p50 latency, client CPU per call). */
+const versusSdk = (x: typeof env) => {
+  const mode = (m: "sequential" | "concurrent") => ({
+    ...x[m],
+    ratio_p50_vs_sdk: ratio(x[m].p50_ms, sdk[m].p50_ms),
+    ratio_client_cpu_vs_sdk: ratio(x[m].client_cpu_us_per_call, sdk[m].client_cpu_us_per_call)
+  })
+  return { sequential: mode("sequential"), concurrent: mode("concurrent") }
+}
 const result = {
   bench: "mcp-latency",
   calls,
@@ -229,8 +238,8 @@ const result = {
   cpus: cpus().length,
   node: process.version,
   sdk,
-  env,
-  mcp_client: client,
+  env: versusSdk(env),
+  mcp_client: versusSdk(client),
   ratio_p50_sequential: ratio(env.sequential.p50_ms, sdk.sequential.p50_ms),
   ratio_p99_sequential: ratio(env.sequential.p99_ms, sdk.sequential.p99_ms),
   ratio_p50_concurrent: ratio(env.concurrent.p50_ms, sdk.concurrent.p50_ms),

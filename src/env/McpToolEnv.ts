@@ -221,6 +221,16 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
       const parsed = ToolCallParser.parse(actionText, format)
       if (parsed.error !== undefined) counters.parseFailures++
       if (parsed.calls.length === 0) return settle(parsed, [])
+      if (parsed.calls.length === 1 && row.reward_spec === undefined) {
+        // the common step, one primitive after the parse: the call, its record kept, the result
+        return Effect.mapBoth(session.call(parsed.calls[0]!), {
+          onFailure: toEnvError,
+          onSuccess: (record) => {
+            keep(record)
+            return finish(parsed, [record], stopOf(parsed), noRewardResult)
+          }
+        })
+      }
       const records = runCalls(parsed.calls, 0, [])
       return row.reward_spec === undefined
         ? Effect.map(records, (made) => finish(parsed, made, stopOf(parsed), noRewardResult))
