@@ -2,7 +2,7 @@
  * GRPO / PPO-family policy trainer (SkyRL's policy worker, without its god-object):
  *
  *   batch        = TrainingBatch.build(groups)                    filters, layout, advantages Â (float64)
- *   log π_old    = forward pass before any update (no gradient)   the PPO anchor
+ *   log π_old    = forward pass before any update (no gradient)   the PPO anchor (see 4.)
  *   log π_ref    = frozen / EMA reference (when a KL term is on)
  *   for each PPO epoch, for each mini-batch (policy_mini_batch_size prompts):
  *       Σ over micro-batches of ∇ [ L_policy(π_θ, π_old, Â, π_rollout) + β_KL·L_KL − β_H·H ]   (accumulated)
@@ -14,6 +14,15 @@
  * 2. Log-probs use logits / τ with τ = the sampling temperature, as the sampler did, so ρ = 1 on-policy.
  * 3. `advantage_estimator: gae` trains a critic (Critic.ts: a copy of the policy trunk with a value head) on the GAE
  *    returns, one critic step after each policy step, with the PPO value clip `value_clip`.
+ * 4. No separate π_old pass for the rows of the first mini-batch of the first epoch: nothing has been updated yet, so
+ *    π_old = π_θ there and log π_old = sg(log π_θ) of the training forward itself (what SkyRL's one-epoch, one-mini-batch
+ *    runs amount to). The pass runs for the other rows, before any update; epochs after the first reuse the detached
+ *    values. Not with LoRA dropout (the training forward is then not π_old's).
+ *
+ * A step is synchronous tfjs compute on the thread that also runs the agent loops (engine hand-offs, MCP tool calls):
+ * it yields to the event loop (`Effect.yieldNow`, a `setImmediate`) before every forward pass and before the optimizer
+ * update, so trajectories keep moving while an async run trains. It is uninterruptible: the weights, the optimizer
+ * and the policy version change together or not at all.
  */
 import * as tf from "@tensorflow/tfjs"
 import { Clock, Effect, Layer, Ref } from "effect"
@@ -78,6 +87,94 @@ const logProbsOf = (
     )
     return logprobs.arraySync()
   })
+
+/** sg(x): the value of x with a zero gradient (torch's `.detach()`). */
+const stopGradient = <T extends tf.Tensor>(x: T): T =>
+  tf.customGrad((..._args: Array<tf.Tensor | tf.GradSaveFunc>) => ({
+    value: tf.clone(x),
+    gradFunc: () => tf.zerosLike(x)
+  }))(x) as T
+
+/** The trainer's loss terms, from the config. */
+export interface LossOptions {
+  readonly trainer: TrainerConfig
+  readonly temperature: number
+}
+
+/** One micro-batch of a mini-batch: its rows, their π_old / π_ref log-probs, and its share of the mini-batch. */
+export interface MicroBatch {
+  readonly micro: TrainingBatch.Batch
+  /** log π_old per row ([b][≥ L]), or "current": π_old is the policy being trained (no update yet), sg(log π_θ) */
+  readonly old: Array<Array<number>> | "current"
+  readonly ref: Array<Array<number>> | undefined // log π_ref per row, when a KL loss is on
+  readonly share: number // of the mini-batch's loss: tokens (token_mean) or sequences
+  readonly klShare: number // of the mini-batch's sequences
+  /** With `old: "current"`, also return sg(log π_θ) as arrays (the π_old of later epochs). */
+  readonly readOld?: boolean
+}
+
+/**
+ * ∇ [ share·L_policy(π_θ, π_old, Â, π_rollout) + klShare·β_KL·L_KL − share·β_H·H ] of one micro-batch, with its
+ * diagnostics. The caller owns `value`, `grads` and `metrics` (Diagnostics.read / dispose).
+ */
+export const microBatchGrads = (
+  model: Transformer.Transformer,
+  variables: Array<tf.Variable>,
+  options: LossOptions,
+  input: MicroBatch
+): {
+  readonly value: tf.Scalar
+  readonly grads: tf.NamedTensorMap
+  readonly metrics: Record<string, tf.Scalar>
+  readonly old?: Array<Array<number>>
+} => {
+  const algo = options.trainer.algorithm
+  const { micro, share, klShare } = input
+  const L = micro.length
+  const rows = (x: Array<Array<number>>) => x.map((r) => r.slice(0, L))
+  let old: Array<Array<number>> | undefined
+  const result = Diagnostics.variableGrads(
+    () =>
+      tf.tidy(() => {
+        const lossMask = tf.tensor2d(micro.lossMask) // [b, L]
+        const { logprobs, entropy } = LogProbs.ofSequences(
+          model,
+          { ids: micro.ids, attentionMask: micro.attentionMask, training: true },
+          { temperature: options.temperature, entropy: true }
+        ) // [b, L]
+        const oldLogProbs = input.old === "current" ? stopGradient(logprobs) : tf.tensor2d(rows(input.old)) // [b, L]
+        if (input.old === "current" && input.readOld === true) old = oldLogProbs.arraySync()
+        const out = PolicyLoss.loss(
+          algo.policy_loss_type,
+          {
+            logProbs: logprobs,
+            oldLogProbs,
+            advantages: tf.tensor2d(micro.advantages),
+            lossMask,
+            rolloutLogProbs: tf.tensor2d(micro.rolloutLogProbs)
+          },
+          lossConfig(options.trainer)
+        )
+        const entropyMean = Reduction.maskedMean(entropy!, lossMask)
+        let total: tf.Scalar = tf.mul(out.loss, share)
+        const metrics: Record<string, tf.Scalar> = {
+          policyLoss: out.loss,
+          clipRatio: out.metrics.clipRatio,
+          approxKl: out.metrics.approxKl,
+          entropy: entropyMean
+        }
+        if (input.ref !== undefined && algo.use_kl_loss) {
+          const klLoss = Kl.loss(logprobs, tf.tensor2d(rows(input.ref)), lossMask, algo.kl_estimator_type)
+          total = tf.add(total, tf.mul(klLoss, algo.kl_loss_coef * klShare))
+          metrics["klLoss"] = klLoss
+        }
+        if (algo.use_entropy_loss) total = tf.sub(total, tf.mul(entropyMean, algo.entropy_loss_coef * share))
+        return { loss: total, metrics }
+      }),
+    variables
+  )
+  return old === undefined ? result : { ...result, old }
+}
 
 const chunks = (n: number, size: number): Array<[number, number]> =>
   Array.from({ length: Math.ceil(n / size) }, (_, i) => [i * size, Math.min(n, (i + 1) * size)])
@@ -148,91 +245,96 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     overlongFiltering: options.overlongFiltering,
     zeroVarianceFilter: options.zeroVarianceFilter
   }
-  const config = lossConfig(t)
 
-  /** One optimizer step over rows [from, to) of `batch`; returns the step's diagnostics. */
-  const miniBatchUpdate = (
+  const lossOptions: LossOptions = { trainer: t, temperature: options.temperature }
+  /** Lets the event loop run (I/O, other fibers) between two synchronous pieces of a step. */
+  const breathe = Effect.yieldNow
+
+  /** f over the micro-batches of rows [from, to) of `x`, rows padded back to x.length, yielding before each. */
+  const perMicro = Effect.fnUntraced(function* (
+    x: TrainingBatch.Batch,
+    from: number,
+    to: number,
+    f: (m: TrainingBatch.Batch) => Array<Array<number>>
+  ) {
+    const out: Array<Array<number>> = []
+    for (const [a, b] of chunks(to - from, t.micro_train_batch_size)) {
+      yield* breathe
+      for (const r of f(TrainingBatch.slice(x, from + a, from + b)))
+        out.push([...r, ...new Array<number>(x.length - r.length).fill(0)])
+    }
+    return out
+  })
+
+  /**
+   * One optimizer step over rows [from, to) of `batch`; returns the step's diagnostics. `old[i]` undefined: row i's
+   * π_old is the current policy (see 4.); filled in with sg(log π_θ) when `keepOld` (later epochs read it).
+   */
+  const miniBatchUpdate = Effect.fnUntraced(function* (
     batch: TrainingBatch.Batch,
-    old: Array<Array<number>>,
+    old: Array<Array<number> | undefined>,
     ref: Array<Array<number>> | undefined,
     from: number,
     to: number,
-    step: number
-  ): Record<string, number> => {
+    step: number,
+    keepOld: boolean
+  ) {
     const miniTokens = Math.max(1, TrainingBatch.tokenCount(TrainingBatch.slice(batch, from, to)))
     const miniRows = to - from
+    // the summed gradients cross the yields below: owned here until the optimizer has applied them
     let accumulated: tf.NamedTensorMap | undefined
+    const release = Effect.sync(() => {
+      if (accumulated !== undefined) tf.dispose(accumulated)
+      accumulated = undefined
+    })
     const collected: Array<Record<string, number>> = []
-    for (const [a, b] of chunks(miniRows, t.micro_train_batch_size).map(([x, y]) => [from + x, from + y] as const)) {
-      const micro = TrainingBatch.slice(batch, a, b)
-      const L = micro.length
-      const share =
-        algo.loss_reduction === "token_mean" ? TrainingBatch.tokenCount(micro) / miniTokens : (b - a) / miniRows
-      if (share === 0) continue
-      const rows = (x: Array<Array<number>>) => x.slice(a, b).map((r) => r.slice(0, L))
-      const result = Diagnostics.variableGrads(
-        () =>
-          tf.tidy(() => {
-            const lossMask = tf.tensor2d(micro.lossMask) // [b, L]
-            const { logprobs, entropy } = LogProbs.ofSequences(
-              model,
-              { ids: micro.ids, attentionMask: micro.attentionMask, training: true },
-              { temperature: options.temperature, entropy: true }
-            ) // [b, L]
-            const out = PolicyLoss.loss(
-              algo.policy_loss_type,
-              {
-                logProbs: logprobs,
-                oldLogProbs: tf.tensor2d(rows(old)),
-                advantages: tf.tensor2d(micro.advantages),
-                lossMask,
-                rolloutLogProbs: tf.tensor2d(micro.rolloutLogProbs)
-              },
-              config
-            )
-            const entropyMean = Reduction.maskedMean(entropy!, lossMask)
-            let total: tf.Scalar = tf.mul(out.loss, share)
-            const metrics: Record<string, tf.Scalar> = {
-              policyLoss: out.loss,
-              clipRatio: out.metrics.clipRatio,
-              approxKl: out.metrics.approxKl,
-              entropy: entropyMean
-            }
-            if (ref !== undefined && algo.use_kl_loss) {
-              const klLoss = Kl.loss(logprobs, tf.tensor2d(rows(ref)), lossMask, algo.kl_estimator_type)
-              total = tf.add(total, tf.mul(klLoss, algo.kl_loss_coef * ((b - a) / miniRows)))
-              metrics["klLoss"] = klLoss
-            }
-            if (algo.use_entropy_loss) total = tf.sub(total, tf.mul(entropyMean, algo.entropy_loss_coef * share))
-            return { loss: total, metrics }
-          }),
-        variables
-      )
-      const values = Diagnostics.read(result.metrics)
-      const lossValue = result.value.dataSync()[0]!
-      result.value.dispose()
-      if (!Number.isFinite(lossValue)) {
-        tf.dispose(result.grads)
-        if (accumulated !== undefined) tf.dispose(accumulated)
-        throw new Error(`non-finite loss (${lossValue}) at step ${step}, rows ${a}..${b}: ${JSON.stringify(values)}`)
+    return yield* Effect.gen(function* () {
+      for (const [a, b] of chunks(miniRows, t.micro_train_batch_size).map(([x, y]) => [from + x, from + y] as const)) {
+        const micro = TrainingBatch.slice(batch, a, b)
+        const share =
+          algo.loss_reduction === "token_mean" ? TrainingBatch.tokenCount(micro) / miniTokens : (b - a) / miniRows
+        if (share === 0) continue
+        const current = old.slice(a, b).every((r) => r === undefined)
+        if (!current && old.slice(a, b).some((r) => r === undefined)) throw new Error(`rows ${a}..${b}: partial π_old`)
+        yield* breathe
+        const result = microBatchGrads(model, variables, lossOptions, {
+          micro,
+          old: current ? "current" : (old.slice(a, b) as Array<Array<number>>),
+          ref: ref?.slice(a, b),
+          share,
+          klShare: (b - a) / miniRows,
+          readOld: current && keepOld
+        })
+        const values = Diagnostics.read(result.metrics)
+        const lossValue = result.value.dataSync()[0]!
+        result.value.dispose()
+        if (!Number.isFinite(lossValue)) {
+          tf.dispose(result.grads)
+          throw new Error(`non-finite loss (${lossValue}) at step ${step}, rows ${a}..${b}: ${JSON.stringify(values)}`)
+        }
+        result.old?.forEach((r, i) => {
+          old[a + i] = [...r, ...new Array<number>(batch.length - r.length).fill(0)]
+        })
+        collected.push(values)
+        accumulated = Optimizer.accumulate(accumulated, result.grads)
       }
-      collected.push(values)
-      accumulated = Optimizer.accumulate(accumulated, result.grads)
-    }
-    if (accumulated === undefined) return {}
-    const lr = Optimizer.learningRate(t.optimizer, optimizer.step(), options.totalSteps * updatesPerStep())
-    const gradNorm = optimizer.apply(accumulated, lr)
-    tf.dispose(accumulated)
-    return {
-      "loss/policy": mean(collected.map((m) => m["policyLoss"]!)),
-      "policy/clip_frac": mean(collected.map((m) => m["clipRatio"]!)),
-      "policy/approx_kl": mean(collected.map((m) => m["approxKl"]!)),
-      policy_entropy: mean(collected.map((m) => m["entropy"]!)),
-      ...(collected[0]?.["klLoss"] === undefined ? {} : { "loss/kl": mean(collected.map((m) => m["klLoss"]!)) }),
-      "policy/grad_norm": gradNorm,
-      "policy/lr": lr
-    }
-  }
+      if (accumulated === undefined) return {}
+      yield* breathe
+      const lr = Optimizer.learningRate(t.optimizer, optimizer.step(), options.totalSteps * updatesPerStep())
+      const gradNorm = optimizer.apply(accumulated, lr)
+      yield* release
+      const values: Record<string, number> = {
+        "loss/policy": mean(collected.map((m) => m["policyLoss"]!)),
+        "policy/clip_frac": mean(collected.map((m) => m["clipRatio"]!)),
+        "policy/approx_kl": mean(collected.map((m) => m["approxKl"]!)),
+        policy_entropy: mean(collected.map((m) => m["entropy"]!)),
+        ...(collected[0]?.["klLoss"] === undefined ? {} : { "loss/kl": mean(collected.map((m) => m["klLoss"]!)) }),
+        "policy/grad_norm": gradNorm,
+        "policy/lr": lr
+      }
+      return values
+    }).pipe(Effect.ensuring(release))
+  })
 
   const updatesPerStep = () =>
     t.update_epochs_per_batch * Math.max(1, Math.ceil(t.train_batch_size / t.policy_mini_batch_size))
@@ -247,26 +349,28 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     const criticValues =
       critic === undefined || layout === undefined
         ? undefined
-        : chunks(layout.ids.length, t.micro_train_batch_size).flatMap(([a, b]) =>
-            Critic.values(critic, TrainingBatch.slice(layout, a, b)).map((r) => [
-              ...r,
-              ...new Array<number>(layout.length - r.length).fill(0)
-            ])
-          )
+        : yield* perMicro(layout, 0, layout.ids.length, (m) => Critic.values(critic, m))
     const withValues = criticValues === undefined ? batchOptions : { ...batchOptions, values: criticValues }
     let batch = TrainingBatch.build(groups, withValues)
     const rows = batch.ids.length
-    const micro = (x: TrainingBatch.Batch, f: (m: TrainingBatch.Batch) => Array<Array<number>>) =>
-      chunks(x.ids.length, t.micro_train_batch_size).flatMap(([a, b]) =>
-        f(TrainingBatch.slice(x, a, b)).map((r) => [...r, ...new Array<number>(x.length - r.length).fill(0)])
+    const miniRows = t.policy_mini_batch_size * options.samplesPerPrompt
+    const miniBatches = chunks(rows, miniRows)
+    /** log-probs of every row under `m`, by mini-batch then micro-batch (the shapes the updates run on) */
+    const passOver = (m: Transformer.Transformer, firstRow: number) =>
+      Effect.map(
+        Effect.forEach(
+          miniBatches.flatMap(([a, b]) => (b <= firstRow ? [] : [[Math.max(a, firstRow), b] as const])),
+          ([a, b]) => perMicro(batch, a, b, (x) => logProbsOf(m, x, options.temperature))
+        ),
+        (parts) => parts.flat()
       )
     const metrics: Record<string, number> = {}
     const updates: Array<Record<string, number>> = []
     if (rows > 0 && TrainingBatch.tokenCount(batch) > 0) {
-      const refLogProbs =
-        reference === undefined ? undefined : micro(batch, (m) => logProbsOf(reference, m, options.temperature))
+      const refLogProbs = reference === undefined ? undefined : yield* passOver(reference, 0)
+      let old: Array<Array<number> | undefined> | undefined
       if (refLogProbs !== undefined && algo.use_kl_in_reward) {
-        const old0 = micro(batch, (m) => logProbsOf(model, m, options.temperature))
+        const old0 = yield* passOver(model, 0)
         const kl = Kl.estimate(algo.kl_estimator_type, old0, refLogProbs)
         batch = TrainingBatch.build(groups, { ...withValues, klPenalty: { kl, coef: klController.value } })
         const observed = mean(
@@ -279,18 +383,21 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         klController = Kl.update(klController, observed, rows)
         metrics["reward/kl_coef"] = klController.value
         metrics["reward/kl"] = observed
+        old = old0 // same rows and weights: π_old's pass is this one
       }
-      const old = micro(batch, (m) => logProbsOf(model, m, options.temperature))
-      const miniRows = t.policy_mini_batch_size * options.samplesPerPrompt
+      if (old === undefined) {
+        // no update has happened yet: the first mini-batch's π_old is π_θ itself (see 4.), the other rows need the pass
+        const dropout = [...model.adapters.values()].some((a) => a.dropout > 0)
+        const skip = dropout ? 0 : miniBatches[0]![1]
+        old = [...new Array<undefined>(skip).fill(undefined), ...(yield* passOver(model, skip))]
+      }
       for (let epoch = 0; epoch < t.update_epochs_per_batch; epoch++) {
-        for (const [a, b] of chunks(rows, miniRows)) {
-          const values = yield* Effect.try({
-            try: () => miniBatchUpdate(batch, old, refLogProbs, a, b, stepIndex),
-            catch: (cause) => cause
-          }).pipe(Effect.orDie)
+        for (const [a, b] of miniBatches) {
+          const values = yield* miniBatchUpdate(batch, old, refLogProbs, a, b, stepIndex, t.update_epochs_per_batch > 1)
           if (Object.keys(values).length > 0) {
             yield* Ref.update(versionRef, PolicyVersion.next)
             if (critic !== undefined) {
+              yield* breathe
               const lr = Optimizer.learningRate(
                 t.critic_optimizer,
                 critic.optimizer.step(),
@@ -335,7 +442,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     yield* Ref.set(stepRef, stepIndex)
     const result: StepResult = { step: stepIndex, version: yield* Ref.get(versionRef), metrics }
     return result
-  })
+  }, Effect.uninterruptible)
 
   return Trainer.of({
     step,

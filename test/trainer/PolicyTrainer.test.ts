@@ -6,9 +6,11 @@ import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
+import * as Transformer from "../../src/model/Transformer.ts"
 import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../../src/trainer/PolicyTrainer.ts"
 import { Trainer } from "../../src/trainer/Trainer.ts"
+import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
 
 const tinyInit = {
   architecture: "qwen3",
@@ -63,6 +65,16 @@ const groups = (n: number): Array<TrajectoryGroup> =>
       trajectory(`p${g}`, 2, [5, 6, 7], 1),
       trajectory(`p${g}`, 3, [9, 9, 9], 0)
     ]
+  }))
+
+/** The groups with behaviour log-probs that differ from token to token (so that TIS weights are not all equal). */
+const offPolicy = (gs: Array<TrajectoryGroup>): Array<TrajectoryGroup> =>
+  gs.map((g) => ({
+    ...g,
+    trajectories: g.trajectories.map((x, i) => ({
+      ...x,
+      rolloutLogprobs: x.rolloutLogprobs.map((_, j) => -2.2 - 0.3 * ((i + j) % 3))
+    }))
   }))
 
 const setup = (overrides: ReadonlyArray<string> = []) =>
@@ -175,6 +187,134 @@ describe("PolicyTrainer", () => {
       const error = yield* Effect.flip(Effect.provide(Effect.asVoid(Trainer.use(() => Effect.void)), layer))
       assert.strictEqual(error._tag, "ConfigError")
       if (error._tag === "ConfigError") assert.strictEqual(error.path, "trainer.ref")
+    })
+  )
+
+  it.effect("π_old = sg(log π_θ) on the first mini-batch: same loss and gradients as a separate π_old pass", () =>
+    Effect.gen(function* () {
+      const losses = ["regular", "dual_clip", "gspo", "cispo", "rollout_is"] as const
+      for (const loss of losses) {
+        for (const tis of ["token", "sequence"] as const) {
+          const layer = yield* setup([
+            `trainer.algorithm.policy_loss_type=${loss}`,
+            `trainer.algorithm.off_policy_correction=${tis}`,
+            "trainer.algorithm.use_kl_loss=true",
+            "trainer.algorithm.use_entropy_loss=true",
+            "trainer.ref=frozen"
+          ])
+          yield* Effect.gen(function* () {
+            const { model } = yield* PolicyModel.PolicyModel
+            const variables = Transformer.trainableVariables(model)
+            const config = yield* RunConfigLoader.fromObject(
+              { model: { init: tinyInit }, tokenizer: { kind: "byte" } },
+              [`trainer.algorithm.policy_loss_type=${loss}`, `trainer.algorithm.off_policy_correction=${tis}`]
+            )
+            const options = {
+              trainer: {
+                ...config.trainer,
+                algorithm: { ...config.trainer.algorithm, use_kl_loss: true, use_entropy_loss: true }
+              },
+              temperature: 0.7
+            }
+            const batch = TrainingBatch.build(offPolicy(groups(1)), {
+              estimator: "grpo",
+              normByStd: true,
+              gamma: 1,
+              lambd: 1,
+              advantageBatchNormalize: false,
+              zeroRewardOnNonStop: false,
+              overlongFiltering: true,
+              zeroVarianceFilter: false
+            })
+            // π_old by a separate no-gradient pass, as before any update; π_ref: a perturbed copy
+            const passed = tf.tidy(() =>
+              LogProbs.ofSequences(
+                model,
+                { ids: batch.ids, attentionMask: batch.attentionMask },
+                { temperature: 0.7 }
+              ).logprobs.arraySync()
+            )
+            const ref = passed.map((r) => r.map((v, j) => v - 0.05 * (j % 2)))
+            const input = { micro: batch, ref, share: 0.75, klShare: 0.5 }
+            const withPass = PolicyTrainer.microBatchGrads(model, variables, options, { ...input, old: passed })
+            const skipped = PolicyTrainer.microBatchGrads(model, variables, options, {
+              ...input,
+              old: "current",
+              readOld: true
+            })
+            const what = `${loss}, ${tis} TIS`
+            const a = withPass.value.dataSync()[0]!
+            const b = skipped.value.dataSync()[0]!
+            assert.isTrue(
+              Number.isFinite(a) && Math.abs(a - b) <= 1e-6 * Math.max(1, Math.abs(a)),
+              `${what}: ${a} vs ${b}`
+            )
+            assert.deepStrictEqual(Object.keys(skipped.metrics).sort(), Object.keys(withPass.metrics).sort())
+            for (const key of Object.keys(withPass.metrics)) {
+              const x = withPass.metrics[key]!.dataSync()[0]!
+              const y = skipped.metrics[key]!.dataSync()[0]!
+              assert.isTrue(Math.abs(x - y) <= 1e-6 * Math.max(1, Math.abs(x)), `${what}, ${key}: ${x} vs ${y}`)
+            }
+            let norm = 0
+            for (const [name, g] of Object.entries(withPass.grads)) {
+              const x = g.dataSync()
+              const y = skipped.grads[name]!.dataSync()
+              for (let i = 0; i < x.length; i++) {
+                norm += x[i]! ** 2
+                assert.isTrue(Math.abs(x[i]! - y[i]!) <= 1e-6, `${what}, ∂/∂${name}[${i}]: ${x[i]} vs ${y[i]}`)
+              }
+            }
+            assert.isAbove(Math.sqrt(norm), 1e-3, `${what}: a gradient to compare`)
+            // the detached values are π_old for the later epochs
+            skipped.old!.forEach((r, i) => r.forEach((v, j) => assert.approximately(v, passed[i]![j]!, 1e-6)))
+            for (const out of [withPass, skipped]) {
+              out.value.dispose()
+              tf.dispose(out.grads)
+              tf.dispose(Object.values(out.metrics))
+            }
+          }).pipe(Effect.provide(layer))
+        }
+      }
+    })
+  )
+
+  it.effect("a second PPO epoch trains against the first epoch's π_old, not against the updated policy", () =>
+    Effect.gen(function* () {
+      // one prompt, one mini-batch, two epochs: epoch 1 is on-policy (approx KL exactly 0), epoch 2 is not
+      const layer = yield* setup([
+        "trainer.train_batch_size=1",
+        "trainer.policy_mini_batch_size=1",
+        "trainer.update_epochs_per_batch=2"
+      ])
+      yield* Effect.gen(function* () {
+        const trainer = yield* Trainer
+        const result = yield* trainer.step(groups(1))
+        assert.strictEqual(result.version, 2)
+        assert.isAbove(result.metrics["policy/approx_kl"]!, 1e-7) // the mean over both epochs' updates
+      }).pipe(Effect.provide(layer))
+    })
+  )
+
+  it.effect("lets the event loop run during a step (between forward passes and before the update)", () =>
+    Effect.gen(function* () {
+      const layer = yield* setup()
+      yield* Effect.gen(function* () {
+        const trainer = yield* Trainer
+        let ticks = 0
+        let running = true
+        const tick = (): void => {
+          ticks++
+          if (running) setImmediate(tick)
+        }
+        setImmediate(tick)
+        yield* Effect.yieldNow // the first tick runs here, before the step
+        const before = ticks
+        // 8 rows, mini-batches of 4, micro-batches of 3: π_old pass over the second mini-batch (2 micro-batches),
+        // 2 updates of 2 micro-batches each, each followed by the optimizer update
+        yield* trainer.step(groups(2))
+        running = false
+        assert.isAtLeast(ticks - before, 2 + 2 * (2 + 1))
+      }).pipe(Effect.provide(layer))
     })
   )
 })
