@@ -76,6 +76,10 @@ const toolbox = Command.make(
     families: Flag.String("families").pipe(
       Flag.withDescription(`Comma-separated families (default all): ${ToolboxTasks.families.join(", ")}`),
       Flag.optional
+    ),
+    exclude: Flag.String("exclude").pipe(
+      Flag.withDescription("A rows file (e.g. another set's val.jsonl): drop train tasks and demos with its prompts"),
+      Flag.optional
     )
   },
   Effect.fn("cli.data.generate.toolbox")(function* (flags) {
@@ -92,7 +96,7 @@ const toolbox = Command.make(
       return yield* userError(`unknown families: ${unknown.join(", ")}; known: ${ToolboxTasks.families.join(", ")}`)
     }
     if (flags.train < 0 || flags.val < 0) return yield* userError("--train and --val must be ≥ 0")
-    const data = yield* Effect.try({
+    const generated = yield* Effect.try({
       try: () =>
         ToolboxTasks.generate({
           seed: flags.seed,
@@ -104,6 +108,22 @@ const toolbox = Command.make(
         }),
       catch: (e) => userError(e instanceof Error ? e.message : String(e))
     })
+    const excluded = Option.isSome(flags.exclude)
+      ? ToolboxTasks.exclude(
+          generated,
+          new Set(
+            (yield* Stream.runCollect(Dataset.readAll([flags.exclude.value]))).map((row) =>
+              ToolboxTasks.promptText(row)
+            )
+          )
+        )
+      : { data: generated, dropped: 0 }
+    const data = excluded.data
+    if (excluded.dropped > 0) {
+      yield* Console.log(
+        `dropped ${excluded.dropped} train tasks whose prompt is in ${Option.getOrThrow(flags.exclude)}`
+      )
+    }
     const files = {
       train: ToolboxTasks.toJsonl(data.train),
       val: ToolboxTasks.toJsonl(data.val),

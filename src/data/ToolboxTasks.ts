@@ -440,6 +440,26 @@ export const generate = (options: GenerateOptions): Dataset => {
   }
 }
 
+/** The text of a row's last user message: how tasks are compared across files. */
+export const promptText = (row: PromptRow): string =>
+  row.prompt.findLast((m) => m.role === "user")?.content?.toString() ?? ""
+
+/**
+ * Drop the train rows (and their demonstrations) whose prompt is in `prompts`, e.g. another file's held-out tasks, so
+ * that a larger SFT set can be generated without training on them. It filters after drawing, so the rows that stay
+ * are byte-identical to those of the same seed without `exclude`. Returns how many rows were dropped.
+ */
+export const exclude = (
+  data: Dataset,
+  prompts: ReadonlySet<string>
+): { readonly data: Dataset; readonly dropped: number } => {
+  const keep = data.train.map((row) => !prompts.has(promptText(row)))
+  return {
+    data: { ...data, train: data.train.filter((_, i) => keep[i]), demos: data.demos.filter((_, i) => keep[i]) },
+    dropped: keep.filter((k) => !k).length
+  }
+}
+
 /** One JSON object per line, newline-terminated: the bytes depend only on the rows. */
 export const toJsonl = (rows: ReadonlyArray<unknown>): string => rows.map((r) => `${JSON.stringify(r)}\n`).join("")
 
