@@ -8,8 +8,8 @@
  *    runs only untransposed, unbatched matmuls on XNNPACK (~10× faster). The variables still carry HF names; the
  *    HF `[out, in]` layout is restored on save/snapshot (`toHfArrays`). `lm_head` (untied) is held as `[D, V]`; a tied
  *    head reuses `embed_tokens` `[V, D]`, transposed once per forward (or once per weight version for inference).
- * 2. Linear gradients go through `linear` (a custom gradient) that transposes explicitly, so the backward matmuls
- *    are untransposed too.
+ * 2. Linear gradients go through `linear` (a custom gradient) that transposes explicitly on stock kernels, so the
+ *    backward matmuls are untransposed too (native matmuls take the transposes as flags instead).
  * 3. Grouped-query attention does not repeat K/V: the `rep = H / Hkv` query heads sharing one KV head are stacked
  *    along the query axis, `[B, Hkv, rep·T, hd]`, and meet their KV head in one batched matmul.
  * 4. RoPE's `rotate_half` is a fixed `[hd, hd]` signed permutation matmul, and the attention scale 1/√hd is folded into
@@ -18,10 +18,14 @@
  * 6. For inference, `inferenceView` fuses q/k/v into one `[D, (H+2Hkv)·hd]` matmul and gate/up into one `[D, 2I]`
  *    (LoRA adapters merged), folds each RMSNorm weight into the rows of the matmul after it and 1/√hd into q, and
  *    norms + rotates q and k as one tensor: 239 kernels per decode step of the perf model instead of ~320.
+ * 7. With the native kernels registered (src/backend/NativeKernels.ts), RMSNorm, RoPE, attention and SiLU gating run
+ *    as fused kernels (Fused.ts, with native gradients), and an inference view runs 7 kernels per layer (~33 per decode
+ *    step of the perf model); the KV cache (token-major `[B, C, Hkv, hd]`) then grows in place. Without them the same
+ *    maths runs as tfjs compositions (points 3 and 4).
  *
- * Known cost: the two attention matmuls are batched ([B·Hkv] products), which stock wasm runs on its slow loop — about
- * 40% of a train step of the perf model (profiled). `setAttentionMatmul("split")` unstacks them into 2-D matmuls, but
- * wasm's Unpack/Slice make that slower still; native BatchMatMul kernels are the fix.
+ * Known cost on stock kernels: the two attention matmuls are batched ([B·Hkv] products), which stock wasm runs on its
+ * slow loop — about 40% of a train step of the perf model (profiled). `setAttentionMatmul("split")` unstacks them into
+ * 2-D matmuls, but wasm's Unpack/Slice make that slower still; the fused native attention is the fix.
  *
  * Legend: B batch, T new tokens, L cached + new tokens (keys), D hidden, H heads, Hkv KV heads, hd head dim, I MLP
  * width, V vocab.
