@@ -23,22 +23,30 @@
  * error over those trajectories), so "equal within noise" is |Δ| ≲ 2·√(se_sync² + se_async²).
  *
  * Flags (defaults): --latency-ms 50-200, --steps 24, --batch 1 (groups per step), --samples 4 (per group),
- * --staleness 4, --workers (S + 1)·B, --lr 3e-5, --engine worker|local, --threads 0 (per tfjs instance; 0 = one per
- * core), --max-turns 6, --note "…". Repeats of one setup alternate which mode runs first (the machine's other jobs
- * come and go).
+ * --staleness 4, --workers (S + 1)·B, --lr 3e-5, --micro 1 (trajectories per forward/backward: the trainer yields to
+ * the event loop between micro-batches, and rows of one trajectory carry no padding), --engine worker|local,
+ * --threads 1 (per tfjs instance; 0 = one per core), --max-turns 6, --note "…". Repeats of one setup alternate which
+ * mode runs first (the machine's other jobs come and go); the setup names the trainer revision, so runs of an older
+ * trainer are not pooled with newer ones.
  * Engine (both modes use the same): `worker` (default) decodes in a worker thread with its own tfjs instance, so
- * decoding can overlap training on the other core; `local` decodes in the trainer's thread and is paused while the
- * trainer updates the shared weights (median ratio 0.88 over 3 runs against 1.26 over 5 for `worker`, on the shared
- * 2-core machine). Either way the agent loops (turn hand-offs, tool calls and replies) run on the trainer's thread,
- * and a training step is synchronous compute: while it runs no trajectory moves on to its next turn. Compare the modes'
- * `groupSeconds`, `llmMsPerTurn` and `toolMsPerCall` to see it.
+ * decoding can overlap training on the other core (with --threads 1 the trainer and the decoder take one core each
+ * instead of spinning 2 + 2 threads on 2 cores); `local` decodes in the trainer's thread and is paused while the
+ * trainer updates the shared weights. Either way the agent loops (turn hand-offs, tool calls and replies) run on the
+ * trainer's thread; the training step yields to the event loop before every forward pass and before the optimizer
+ * update, so they move on during a step. Compare the modes' `groupSeconds`, `llmMsPerTurn` and `toolMsPerCall`.
  *
- * What decides the ratio: async can at best hide the generation phase behind the training step, so the ratio is
- * bounded by (train + generate) / train of a sync step, and needs generate ≳ train to reach 2×. With tools at
- * 50–200 ms a group generates in ≈0.7 s while training its 4 trajectories takes ≈0.8 s (2026-11, wasm + native
- * kernels, load 8–10 on 2 cores): bound ≈1.9×, measured median 1.26× (1.02–1.87). With tools at 500–1000 ms
- * (generate ≈2.8 s, `--latency-ms 500-1000 --steps 16`) async measured 2.75×: the pipeline delivers once the work is
- * tool-latency-bound.
+ * What decides the ratio: async hides the tool waits and the training step behind generation of other groups, so it
+ * is bounded by how fast the decoder (one worker thread) gets through all the turns. Measured 2026-11 (wasm + native
+ * kernels, 2 shared cores, load 4–9), trainer of e3bc770 (yields; no separate π_old pass), --micro 1 --threads 1:
+ * - 50–200 ms tools: median 1.24× over 5 repeats (1.21–1.78), equal reward (paired Δ within 2 se every time). Sync
+ *   trains a step in 0.2–0.36 s and generates it in 0.56–0.72 s; async steps take ≈0.62 s, gated by the decoder:
+ *   llm time per turn 376–439 ms in async against 35–78 ms in sync, while tool time per call stays ≈155 ms (sync
+ *   ≈130 ms). Likely cause (inferred, not measured): async publishes weights every ≈0.6 s, and the engine drops its
+ *   prefix cache when the weights change (LocalEngine), so most async turns prefill their whole context, ≈20 rows in
+ *   flight, where a sync step's turns reuse their prefixes. The earlier trainer (a separate π_old
+ *   pass, no yields, micro-batch 4, 2 threads) gave 1.26× (1.02–1.87), with 240–505 ms per tool call in async.
+ * - 500–1000 ms tools (`--latency-ms 500-1000 --steps 16`): 3.07× (earlier trainer 2.75×): the pipeline delivers once
+ *   the work is tool-latency-bound.
  */
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
@@ -62,8 +70,11 @@ const K = Number(arg("workers", String((S + 1) * B)))
 const lr = arg("lr", "3.0e-5")
 const maxTurns = Number(arg("max-turns", "6"))
 const engineKind = arg("engine", "worker") === "local" ? "local" : "worker"
-const threads = Number(arg("threads", "0")) // tfjs/native-kernel threads per tfjs instance (0 = one per core)
+const micro = Number(arg("micro", "1")) // trajectories per forward/backward: the trainer yields between micro-batches
+const threads = Number(arg("threads", "1")) // tfjs/native-kernel threads per tfjs instance (0 = one per core)
 const note = arg("note", "")
+/** Which trainer the runs measured: repeats of a setup are only pooled with runs of the same trainer. */
+const trainer = "yields to the event loop, no separate pi_old pass (e3bc770)"
 
 const cli = (args: ReadonlyArray<string>) => {
   const result = spawnSync(process.execPath, ["src/main.ts", ...args], {
@@ -135,7 +146,7 @@ environment:
 trainer:
   train_batch_size: ${B}
   policy_mini_batch_size: ${B}
-  micro_train_batch_size: ${B * n}
+  micro_train_batch_size: ${micro}
   max_steps: ${steps}
   eval_before_train: false
   algorithm:
@@ -266,13 +277,15 @@ export const run = async (): Promise<void> => {
     steps,
     groupsPerStep: B,
     samplesPerGroup: n,
+    microBatch: micro,
     lr: Number(lr),
     syncConcurrentGroups: B,
     asyncWorkers: K,
     maxStaleness: S,
     engine: engineKind,
     backend: "wasm + native kernels",
-    threads
+    threads,
+    trainer
   }
   const config = rlConfig()
   fs.mkdirSync(results, { recursive: true })
