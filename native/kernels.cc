@@ -76,6 +76,11 @@ class Pool {
     // A few chunks per thread (never smaller than the grain): enough to rebalance when a thread is descheduled.
     int64_t chunks = std::min<int64_t>(maxParts, (int64_t)threads_ * 4);
     std::lock_guard<std::mutex> caller(callers_);  // one job at a time (several worker_threads may load the addon)
+    // Close the previous job's claims before its fields are reused: a worker still in work() for it may hold a stale
+    // claim word whose chunk index was past the old count but is below the new one; without this it would claim (and
+    // count in done_) a chunk of the new job under the old generation, so done_ overshoots `chunks` and the caller
+    // waits forever, or a chunk runs twice (hangs and crashes seen in RL runs). The CAS in work() fails on this value.
+    claim_.store((generation_.load(std::memory_order_relaxed) << 32) | 0xffffffffu, std::memory_order_release);
     job_ = &f;
     jobN_ = n;
     jobChunks_ = chunks;

@@ -315,6 +315,37 @@ describe.skipIf(!native.available)("Fused kernels", () => {
     Transformer.dispose(model)
   })
 
+  it("the thread pool survives thousands of back-to-back jobs whose chunk counts grow and shrink (no hang, exact)", () => {
+    // Regression: a worker still in the previous job could claim a chunk of the next, larger job under the old
+    // generation, so the done-count overshot and the caller waited forever (seen as RL runs hanging or crashing).
+    NativeKernels.register("wasm", 2)
+    try {
+      const next = rng(11)
+      const shapes: Array<[number, number, number]> = [
+        [8, 256, 256],
+        [512, 256, 64],
+        [16, 64, 1024],
+        [300, 96, 288],
+        [1, 256, 512]
+      ]
+      const cases = shapes.map(([m, k, n]) => {
+        const a = randomTensor([m, k], next)
+        const b = randomTensor([k, n], next)
+        return { a, b, want: tf.matMul(a, b).dataSync() as Float32Array }
+      })
+      for (let i = 0; i < 2000; i++) {
+        const c = cases[(i * 7 + (i >> 3)) % cases.length]!
+        const got = tf.tidy(() => tf.matMul(c.a, c.b))
+        const values = got.dataSync() as Float32Array
+        got.dispose()
+        if (i % 97 === 0) assert.isBelow(relativeError(values, c.want), 1e-6, `job ${i}`)
+      }
+      for (const c of cases) tf.dispose([c.a, c.b])
+    } finally {
+      NativeKernels.unregister("wasm")
+    }
+  }, 120_000)
+
   it("1,000 training and decoding steps leak no tensors and no native memory", async () => {
     NativeKernels.register("wasm")
     const model = Transformer.init(
