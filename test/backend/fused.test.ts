@@ -15,6 +15,7 @@ import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import { randomTensor, rng } from "../fixtures/Random.ts"
 
 const native = NativeKernels.status()
 if (!native.available) console.warn(`fused kernel tests skipped: ${native.reason}`)
@@ -22,19 +23,6 @@ if (!native.available) console.warn(`fused kernel tests skipped: ${native.reason
 await tf.setBackend("wasm")
 await tf.ready()
 MissingKernels.register("wasm")
-
-/** Deterministic values: mulberry32. */
-const rng = (seed: number) => () => {
-  seed = (seed + 0x6d2b79f5) | 0
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-}
-const randomTensor = (shape: Array<number>, next: () => number, scale = 1): tf.Tensor =>
-  tf.tensor(
-    Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => (next() * 2 - 1) * scale),
-    shape
-  )
 
 /** Run `f` with native kernels, then with stock ones (Fused falls back to tfjs compositions); both as arrays. */
 const bothWays = (f: () => Array<tf.Tensor>): { native: Array<Float32Array>; stock: Array<Float32Array> } => {

@@ -11,6 +11,7 @@ import * as NativeKernels from "../../src/backend/NativeKernels.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import { randomTensor, rng } from "../fixtures/Random.ts"
 
 const native = NativeKernels.status()
 if (!native.available) console.warn(`native kernel tests skipped: ${native.reason}`)
@@ -18,19 +19,6 @@ if (!native.available) console.warn(`native kernel tests skipped: ${native.reaso
 await tf.setBackend("wasm")
 await tf.ready()
 MissingKernels.register("wasm")
-
-/** Deterministic shapes and values: mulberry32. */
-const rng = (seed: number) => () => {
-  seed = (seed + 0x6d2b79f5) | 0
-  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
-  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-}
-const randomTensor = (shape: Array<number>, next: () => number): tf.Tensor =>
-  tf.tensor(
-    Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => next() * 2 - 1),
-    shape
-  )
 
 /**
  * Run `f` with native kernels and `reference` (default: `f`) with stock kernels; return both results as arrays.
