@@ -6,9 +6,9 @@
  * `repeats` gives every recorded ratio of the same config and their median (the figure to quote: one run on the shared
  * 2-core machine is noisy).
  *
- * Workload: the shipped SFT warm start (data/quickstart/policy, 119 K parameters, ≈15% greedy success on toolbox
- * tasks, set up as configs/quickstart.yaml: tool_prompt none, hermes tool calls, data/toolbox/train.jsonl); the toolbox
- * MCP server sleeps a uniformly random `--latency-ms MIN-MAX` per call (default 50-200); up to 6 turns per
+ * Workload: the shipped SFT warm start (data/quickstart/policy, set up as configs/quickstart.yaml: tool_prompt none,
+ * hermes tool calls, data/toolbox/train.jsonl; 119 K parameters until 2026-11-22, the 363 K policy since); the toolbox
+ * MCP server sleeps a uniformly random `--latency-ms MIN-MAX` per call (default 500-1000); up to 6 turns per
  * trajectory. A small lr (default 3e-5) keeps the policy, and so the reward, comparable between the modes, and few
  * trajectories per step keep the training step short next to a group's generation (turns × (decode + tool wait)), so
  * the run measures the pipeline, not the trainer.
@@ -22,7 +22,7 @@
  * finalReward = mean reward of the trajectories trained in the last half of the steps, ± rewardStdErr (the standard
  * error over those trajectories), so "equal within noise" is |Δ| ≲ 2·√(se_sync² + se_async²).
  *
- * Flags (defaults): --latency-ms 50-200, --steps 24, --batch 1 (groups per step), --samples 4 (per group),
+ * Flags (defaults): --latency-ms 500-1000, --steps 16, --batch 1 (groups per step), --samples 4 (per group),
  * --staleness 4, --workers (S + 1)·B, --lr 3e-5, --micro 1 (trajectories per forward/backward: the trainer yields to
  * the event loop between micro-batches, and rows of one trajectory carry no padding), --engine worker|local,
  * --threads 1 (per tfjs instance; 0 = one per core), --max-turns 6, --note "…". Repeats of one setup alternate which
@@ -41,12 +41,15 @@
  * - 50–200 ms tools: median 1.24× over 5 repeats (1.21–1.78), equal reward (paired Δ within 2 se every time). Sync
  *   trains a step in 0.2–0.36 s and generates it in 0.56–0.72 s; async steps take ≈0.62 s, gated by the decoder:
  *   llm time per turn 376–439 ms in async against 35–78 ms in sync, while tool time per call stays ≈155 ms (sync
- *   ≈130 ms). Likely cause (inferred, not measured): async publishes weights every ≈0.6 s, and the engine drops its
- *   prefix cache when the weights change (LocalEngine), so most async turns prefill their whole context, ≈20 rows in
- *   flight, where a sync step's turns reuse their prefixes. The earlier trainer (a separate π_old
- *   pass, no yields, micro-batch 4, 2 threads) gave 1.26× (1.02–1.87), with 240–505 ms per tool call in async.
- * - 500–1000 ms tools (`--latency-ms 500-1000 --steps 16`): 3.07× (earlier trainer 2.75×): the pipeline delivers once
- *   the work is tool-latency-bound.
+ *   ≈130 ms). Measured with timers in the engine (then removed): the worker's decoder is busy 77–80% of an async run
+ *   (≈30% in sync): decode ≈5.3 s, copying the KV cache when rows join or finish ≈4.5 s (the cache is compacted on
+ *   every join and finish, ≈6 rows decode together in async against 1.7 in sync), prefill ≈2.1 s of 12 s busy (the
+ *   prefix cache is dropped on every weight update; keeping it would save only ≈6%). At 50–200 ms on 2 shared cores
+ *   the work is decode-bound, not tool-latency-bound. The earlier trainer (a separate π_old pass, no yields,
+ *   micro-batch 4, 2 threads) gave 1.26× (1.02–1.87), with 240–505 ms per tool call in async.
+ * - 500–1000 ms tools (the default since 2026-11-22; `--latency-ms 500-1000 --steps 16`): 3.07× with the 119 K
+ *   policy (earlier trainer 2.75×): the pipeline delivers once the work is tool-latency-bound. The figures of the
+ *   363 K policy are in bench/results/async-vs-sync.json.
  */
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
@@ -61,8 +64,8 @@ const arg = (name: string, fallback: string): string => {
   return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
 }
 
-const latency = arg("latency-ms", "50-200")
-const steps = Number(arg("steps", "24"))
+const latency = arg("latency-ms", "500-1000")
+const steps = Number(arg("steps", "16"))
 const B = Number(arg("batch", "1")) // groups per step
 const n = Number(arg("samples", "4")) // trajectories per group
 const S = Number(arg("staleness", "4"))
