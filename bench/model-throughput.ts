@@ -45,20 +45,9 @@ const cpuSeconds: Record<string, number> = {}
 
 /** Median wall seconds per call over `iters` runs after one warm-up; records the median CPU seconds under `name`. */
 const time = async (name: string, run: () => void | Promise<void>): Promise<number> => {
-  await run()
-  const wall: Array<number> = []
-  const cpu: Array<number> = []
-  for (let i = 0; i < iters; i++) {
-    const start = performance.now()
-    const startCpu = process.cpuUsage()
-    await run()
-    const used = process.cpuUsage(startCpu)
-    cpu.push((used.user + used.system) / 1e6)
-    wall.push((performance.now() - start) / 1000)
-  }
-  const median = (xs: Array<number>) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
-  cpuSeconds[name] = median(cpu)
-  return median(wall)
+  const ms = await Harness.medianMs(run, iters)
+  cpuSeconds[name] = ms.cpu / 1000
+  return ms.wall / 1000
 }
 
 const forwardS = await time("forward", () => {

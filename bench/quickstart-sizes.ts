@@ -17,6 +17,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as Harness from "./harness.ts"
 
 const arg = (name: string, fallback: string): string => {
   const i = process.argv.indexOf(`--${name}`)
@@ -32,20 +33,10 @@ const sizes = [
   { hidden: 128, layers: 4, heads: 4, kv: 2, headDim: 32, mlp: 384 }
 ]
 
+/** Median wall and CPU seconds per call over `iters` runs after one warm-up. */
 const time = async (run: () => void | Promise<void>) => {
-  await run()
-  const wall: Array<number> = []
-  const cpu: Array<number> = []
-  for (let i = 0; i < iters; i++) {
-    const start = performance.now()
-    const c = process.cpuUsage()
-    await run()
-    const u = process.cpuUsage(c)
-    cpu.push((u.user + u.system) / 1e6)
-    wall.push((performance.now() - start) / 1000)
-  }
-  const median = (xs: Array<number>) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
-  return { wall: median(wall), cpu: median(cpu) }
+  const ms = await Harness.medianMs(run, iters)
+  return { wall: ms.wall / 1000, cpu: ms.cpu / 1000 }
 }
 
 const rows: Array<unknown> = []
