@@ -108,21 +108,14 @@ const toolbox = Command.make(
         }),
       catch: (e) => userError(e instanceof Error ? e.message : String(e))
     })
-    const excluded = Option.isSome(flags.exclude)
-      ? ToolboxTasks.exclude(
-          generated,
-          new Set(
-            (yield* Stream.runCollect(Dataset.readAll([flags.exclude.value]))).map((row) =>
-              ToolboxTasks.promptText(row)
-            )
-          )
-        )
-      : { data: generated, dropped: 0 }
-    const data = excluded.data
-    if (excluded.dropped > 0) {
-      yield* Console.log(
-        `dropped ${excluded.dropped} train tasks whose prompt is in ${Option.getOrThrow(flags.exclude)}`
-      )
+    let data = generated
+    if (Option.isSome(flags.exclude)) {
+      const held = yield* Stream.runCollect(Dataset.readAll([flags.exclude.value]))
+      const excluded = ToolboxTasks.exclude(generated, new Set(held.map(ToolboxTasks.promptText)))
+      data = excluded.data
+      if (excluded.dropped > 0) {
+        yield* Console.log(`dropped ${excluded.dropped} train tasks whose prompt is in ${flags.exclude.value}`)
+      }
     }
     const files = {
       train: ToolboxTasks.toJsonl(data.train),

@@ -441,8 +441,7 @@ export const generate = (options: GenerateOptions): Dataset => {
 }
 
 /** The text of a row's last user message: how tasks are compared across files. */
-export const promptText = (row: PromptRow): string =>
-  row.prompt.findLast((m) => m.role === "user")?.content?.toString() ?? ""
+export const promptText = (row: PromptRow): string => row.prompt.findLast((m) => m.role === "user")?.content ?? ""
 
 /**
  * Drop the train rows (and their demonstrations) whose prompt is in `prompts`, e.g. another file's held-out tasks, so
