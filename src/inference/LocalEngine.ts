@@ -140,7 +140,9 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   const remember = (entry: Running, from: KvCache.KvCache, index: number) => {
     if (prefixCache === undefined || !entry.row.versions.every((w) => w === version)) return
     const tokens = [...entry.row.request.promptIds, ...entry.row.tokens.slice(0, -1)]
-    prefixCache.store(tokens, KvCache.trim(KvCache.copyRows(from, [index])))
+    const row = KvCache.copyRows(from, [index])
+    prefixCache.store(tokens, KvCache.prefixOf(row, tokens.length)) // exactly its tokens: no padding, no spare slots
+    KvCache.dispose(row)
   }
 
   /** Sample each stepped row's token; returns the indices of rows that continue. */

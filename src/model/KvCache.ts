@@ -151,14 +151,17 @@ export const select = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => 
   return selected
 }
 
-/** A new cache of these rows (in that order, repeats allowed); the input stays valid. */
+/**
+ * A new cache of these rows (in that order, repeats allowed); the input stays valid. Whole rows are gathered, spare
+ * slots included, so the copy keeps the room to grow in place.
+ */
 export const copyRows = (cache: KvCache, rows: ReadonlyArray<number>): KvCache => {
   const L = cache.length
   const layers = tf.tidy(() => {
     const index = tf.tensor1d(Int32Array.from(rows), "int32")
     return cache.layers.map((c) => ({
-      keys: tf.gather(Fused.validSlots(c.keys, L), index) as tf.Tensor4D, // [B', L, Hkv, hd]
-      values: tf.gather(Fused.validSlots(c.values, L), index) as tf.Tensor4D // [B', L, Hkv, hd]
+      keys: tf.gather(c.keys, index) as tf.Tensor4D, // [B', C, Hkv, hd]
+      values: tf.gather(c.values, index) as tf.Tensor4D // [B', C, Hkv, hd]
     }))
   })
   const keyMask = new Uint8Array(rows.length * L)

@@ -364,6 +364,28 @@ describe.skipIf(!native.available)("NativeKernels", () => {
     tf.dispose([a, b, c])
   })
 
+  it("slice matches stock on every axis, with size -1, size-0 and int32/bool inputs", () => {
+    const next = rng(12)
+    const x = randomTensor([3, 7, 2, 5], next)
+    const i = tf.tensor2d([1, 2, 3, 4, 5, 6], [2, 3], "int32")
+    assertClose(
+      "slice",
+      bothWays(() => [
+        tf.slice(x, [0, 0, 0, 0], [-1, 4, -1, -1]), // KvCache.validSlots
+        tf.slice(x, [1, 2, 0, 0], [2, 5, 2, 5]),
+        tf.slice(x, [0, 3, 1, 2], [3, 1, 1, 3]),
+        tf.slice(x, [2, 6, 1, 4], [1, 1, 1, 1]),
+        tf.slice(x, [0, 0, 0, 0], [3, 7, 2, 5]),
+        tf.slice(x, [1, 0, 0, 0], [1, 0, 2, 5]),
+        tf.slice(tf.reshape(x, [21, 10]), [4, 3], [10, -1]),
+        tf.slice(tf.reshape(x, [210]), 17, 40),
+        tf.cast(tf.slice(i, [0, 1], [2, 2]), "float32"),
+        tf.cast(tf.slice(tf.greater(x, 0), [0, 2, 1, 0], [2, 3, 1, 5]), "float32")
+      ])
+    )
+    tf.dispose([x, i])
+  })
+
   it("a transformer's loss and gradients match stock", () => {
     const config = ModelConfig.fromInit({
       architecture: "qwen3",
