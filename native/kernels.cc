@@ -1516,26 +1516,44 @@ napi_value Attention(napi_env env, napi_callback_info info) {
   }
   calls++;
   int64_t rep = H / Hkv;
+  // Leading key slots masked (bias ≤ −1e8, i.e. the −1e9 of left padding) for every query of a row weigh exactly 0
+  // after the softmax (exp underflows) as long as each query sees some key: skip them. A batch of rows of unequal
+  // lengths is padded to its longest, so decode steps save the padding's share of the work.
+  std::vector<int64_t> from(B, 0);
+  if (bOff >= 0) {
+    for (int64_t b = 0; b < B; b++) {
+      int64_t first = L;
+      for (int64_t t = 0; t < T && first > 0; t++) {
+        const float* bias = heap.f32(bOff) + (b * T + t) * L;
+        int64_t i = 0;
+        while (i < L && bias[i] <= -1e8f) i++;
+        first = i == L ? 0 : std::min(first, i);  // a query that sees nothing: keep every slot (stock result)
+      }
+      from[b] = first == L ? 0 : first;
+    }
+  }
   // ~2·T·L·hd multiply-adds a task: decode steps (T = 1) are too small to split.
   int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(1, 2 * T * L * hd));
   pool.parallelFor(B * H, grain, [&](int64_t j0, int64_t j1) {
     Scratch own(pOff >= 0 ? 0 : (size_t)(T * L));
     for (int64_t j = j0; j < j1; j++) {
       int64_t b = j / H, h = j % H, g = h / rep;
+      int64_t lo = from[b], n = L - lo;
       float* S = pOff >= 0 ? heap.f32(pOff) + j * T * L : own.p;
       const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
-      const float* K = heap.f32(kOff) + (b * cap * Hkv + g) * hd;
-      const float* V = heap.f32(vOff) + (b * cap * Hkv + g) * hd;
-      gemmS(false, true, (int)T, (int)L, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f, S, (int)L);
+      const float* K = heap.f32(kOff) + ((b * cap + lo) * Hkv + g) * hd;
+      const float* V = heap.f32(vOff) + ((b * cap + lo) * Hkv + g) * hd;
+      gemmS(false, true, (int)T, (int)n, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f, S + lo, (int)L);
       for (int64_t t = 0; t < T; t++) {
         float* s = S + t * L;
+        if (lo > 0) std::memset(s, 0, sizeof(float) * lo);  // kept probabilities: exactly 0 there
         if (bOff >= 0) {
           const float* bias = heap.f32(bOff) + (b * T + t) * L;
-          for (int64_t i = 0; i < L; i++) s[i] += bias[i];
+          for (int64_t i = lo; i < L; i++) s[i] += bias[i];
         }
-        softmaxRow(s, L);
+        softmaxRow(s + lo, n);
       }
-      gemmS(false, false, (int)T, (int)hd, (int)L, 1.0f, S, (int)L, V, (int)(Hkv * hd), 0.0f,
+      gemmS(false, false, (int)T, (int)hd, (int)n, 1.0f, S + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
             heap.f32(oOff) + (b * T * H + h) * hd, (int)(H * hd));
     }
   });

@@ -186,6 +186,49 @@ describe.skipIf(!native.available)("Fused kernels", () => {
     }
   })
 
+  it("attention skips left padding exactly: rows of unequal lengths, decode and prefill, forward and gradients", () => {
+    const next = rng(14)
+    for (const T of [1, 1, 3, 7]) {
+      const B = 3
+      const L = T + 20
+      const Hkv = 2
+      const H = 4
+      const hd = 8
+      // row b's first pad[b] slots are padding for every query (row 2 has none); causal over the last T slots
+      const pad = [Math.floor(next() * 15) + 1, Math.floor(next() * 15) + 1, 0]
+      const bias = new Float32Array(B * T * L)
+      for (let b = 0; b < B; b++) {
+        for (let t = 0; t < T; t++) {
+          for (let j = 0; j < L; j++) bias[(b * T + t) * L + j] = j >= pad[b]! && j <= L - T + t ? 0 : -1e9
+        }
+      }
+      const biasT = tf.tensor(bias, [B, T, L])
+      const q = randomTensor([B * T, H, hd], next, 2)
+      const k = randomTensor([B, L, Hkv, hd], next, 2)
+      const v = randomTensor([B, L, Hkv, hd], next)
+      const dy = randomTensor([B * T, H * hd], next)
+      const label = `padded attention T${T} pads ${pad.join(",")}`
+      assertClose(
+        label,
+        bothWays(() =>
+          valueAndGrads(
+            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, 1 / Math.sqrt(hd)),
+            [q, k, v],
+            dy
+          )
+        )
+      )
+      // inference path (no probabilities kept), over a cache with spare slots
+      const spare = tf.concat([k, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
+      const spareV = tf.concat([v, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
+      assertClose(
+        `${label} (inference)`,
+        bothWays(() => [Fused.attention(q, spare, spareV, biasT, 1 / Math.sqrt(hd), L)])
+      )
+      tf.dispose([biasT, q, k, v, dy, spare, spareV])
+    }
+  })
+
   it("q|k|v preparation (qk-norm, RoPE, cache append) and the norm + matmul + residual linear match", () => {
     const next = rng(5)
     for (const [B, T, P, H, Hkv, hd, withNorm] of [
