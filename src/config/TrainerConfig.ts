@@ -59,6 +59,9 @@ export const TrainerConfig = Schema.Struct({
   update_epochs_per_batch: PositiveInt.pipe(withDefault(1)), // PPO epochs
   epochs: PositiveInt.pipe(withDefault(1)), // passes over the training data
   max_steps: Schema.optionalKey(PositiveInt), // stop after this many training steps
+  // stop after the first step that ends this many seconds after training began (the eval before it not counted), then
+  // checkpoint and evaluate as after the last step: a wall-clock budget, e.g. the quickstart's 10 minutes on a slow box
+  max_train_seconds: Schema.optionalKey(Positive),
   ref: Schema.Literals(["none", "frozen", "ema"]).pipe(withDefault("none")),
   ref_ema_decay: Probability.pipe(withDefault(0.99)),
   ref_update_interval: PositiveInt.pipe(withDefault(1)),

@@ -183,7 +183,9 @@ export const run = Effect.fn("AsyncPipeline.run")(function* (inputs: SyncPipelin
 
   const inProcess = config.pipeline.weight_sync === "inprocess"
   let lastStepEnd = yield* Clock.currentTimeMillis
-  for (let step = firstStep; step <= steps; step++) {
+  const deadline = SyncPipeline.deadlineOf(config, lastStepEnd)
+  let lastStep = steps
+  for (let step = firstStep; step <= lastStep; step++) {
     const cursors = Array.from({ length: B }, (_, i) => (step - 1) * B + i)
     const t0 = yield* Clock.currentTimeMillis
     while (!cursors.every((c) => pending.has(c))) {
@@ -247,10 +249,16 @@ export const run = Effect.fn("AsyncPipeline.run")(function* (inputs: SyncPipelin
     admissionWaitMs = 0
     yield* metrics.record("train", step, values)
     yield* metrics.progress({ step, totalSteps: steps, values })
-    if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && step < steps) {
+    if (step < lastStep && (yield* Clock.currentTimeMillis) >= deadline) {
+      yield* Effect.logInfo(
+        `trainer.max_train_seconds (${config.trainer.max_train_seconds}) reached after step ${step} of ${steps}: stopping`
+      )
+      lastStep = step
+    }
+    if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && step < lastStep) {
       yield* evaluate(`at step ${step}`, step)
     }
-    if (step === steps || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
+    if (step === lastStep || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
       for (const g of yield* Queue.clear(queue)) pending.set(g.cursor, g)
       const inflight = [...pending.values()].sort((a, b) => a.cursor - b.cursor)
       const data: CheckpointData = {
@@ -269,10 +277,10 @@ export const run = Effect.fn("AsyncPipeline.run")(function* (inputs: SyncPipelin
   }
   yield* Fiber.interruptAll(workers)
 
-  const evalAfter = yield* evaluate("after training", steps)
+  const evalAfter = yield* evaluate("after training", lastStep)
   const summary: SyncPipeline.Summary = {
     event: "summary",
-    steps,
+    steps: lastStep,
     seconds: Math.round((((yield* Clock.currentTimeMillis) - started) / 1000) * 10) / 10,
     runDir,
     ...(evalBefore === undefined ? {} : { evalBefore }),

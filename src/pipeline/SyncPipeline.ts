@@ -40,6 +40,10 @@ export interface Inputs {
   readonly resumeFrom?: string
 }
 
+/** When training must stop (epoch ms), for `trainer.max_train_seconds` counted from `start`; Infinity without it. */
+export const deadlineOf = (config: RunConfig, start: number): number =>
+  config.trainer.max_train_seconds === undefined ? Number.POSITIVE_INFINITY : start + config.trainer.max_train_seconds * 1000
+
 export const totalSteps = (config: RunConfig, trainRows: number): number => {
   const byData = Math.floor((trainRows * config.trainer.epochs) / config.trainer.train_batch_size)
   return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
@@ -108,7 +112,9 @@ export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
 
   const evalBefore =
     config.trainer.eval_before_train && firstStep === 1 ? yield* evaluate("before training", 0) : undefined
-  for (let step = firstStep; step <= steps; step++) {
+  const deadline = deadlineOf(config, yield* Clock.currentTimeMillis)
+  let lastStep = steps
+  for (let step = firstStep; step <= lastStep; step++) {
     const prompts = order.slice((step - 1) * B, step * B)
     const t0 = yield* Clock.currentTimeMillis
     const groups = yield* Effect.forEach(
@@ -134,19 +140,25 @@ export const run = Effect.fn("SyncPipeline.run")(function* (inputs: Inputs) {
     }
     yield* metrics.record("train", step, values)
     yield* metrics.progress({ step, totalSteps: steps, values })
-    if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && step < steps) {
+    if (step < lastStep && (yield* Clock.currentTimeMillis) >= deadline) {
+      yield* Effect.logInfo(
+        `trainer.max_train_seconds (${config.trainer.max_train_seconds}) reached after step ${step} of ${steps}: stopping`
+      )
+      lastStep = step
+    }
+    if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && step < lastStep) {
       yield* evaluate(`at step ${step}`, step)
     }
-    if (step === steps || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
+    if (step === lastStep || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
       const saved = yield* checkpointer.save(step, model, yield* trainer.state, { cursor: step * B }).pipe(Effect.orDie)
       yield* Effect.logInfo(`checkpoint ${saved.dir}`)
     }
   }
 
-  const evalAfter = yield* evaluate("after training", steps)
+  const evalAfter = yield* evaluate("after training", lastStep)
   const summary: Summary = {
     event: "summary",
-    steps,
+    steps: lastStep,
     seconds: Math.round((((yield* Clock.currentTimeMillis) - started) / 1000) * 10) / 10,
     runDir,
     ...(evalBefore === undefined ? {} : { evalBefore }),

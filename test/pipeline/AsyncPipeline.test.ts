@@ -102,6 +102,24 @@ describe("train with pipeline.mode async", () => {
     for (const m of trainMetrics(async)) assert.strictEqual(m["async/staleness_max"], 0)
   })
 
+  it("trainer.max_train_seconds stops after the step that passes it and checkpoints it (sync and async)", () => {
+    for (const mode of ["sync", "async"]) {
+      const runDir = join(tmp, `budget-${mode}`)
+      const result = train(
+        runDir,
+        `pipeline.mode=${mode}`,
+        "data.max_prompts=8", // 4 steps of 2 groups
+        "trainer.max_train_seconds=0.001",
+        "checkpoint.interval=0"
+      )
+      assert.strictEqual(result.code, 0, result.stderr)
+      assert.strictEqual(JSON.parse(result.lastLine).steps, 1, `${mode}: ${result.lastLine}`)
+      assert.strictEqual(trainMetrics(runDir).length, 1)
+      assert.strictEqual(readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim(), "step-1")
+      assert.include(result.stderr + result.stdout, "max_train_seconds")
+    }
+  })
+
   it("resumes after kill -9 without losing or repeating a prompt", async () => {
     const runDir = join(tmp, "killed")
     const overrides = [
