@@ -42,7 +42,9 @@ export interface Inputs {
 
 /** When training must stop (epoch ms), for `trainer.max_train_seconds` counted from `start`; Infinity without it. */
 export const deadlineOf = (config: RunConfig, start: number): number =>
-  config.trainer.max_train_seconds === undefined ? Number.POSITIVE_INFINITY : start + config.trainer.max_train_seconds * 1000
+  config.trainer.max_train_seconds === undefined
+    ? Number.POSITIVE_INFINITY
+    : start + config.trainer.max_train_seconds * 1000
 
 export const totalSteps = (config: RunConfig, trainRows: number): number => {
   const byData = Math.floor((trainRows * config.trainer.epochs) / config.trainer.train_batch_size)
