@@ -331,42 +331,15 @@ class ChildStdioTransport implements Transport {
     return this.child !== undefined && this.exit === undefined
   }
 
-  /**
-   * Messages sent in one turn of the event loop go out in one pipe write (flushed on a microtask): 64 envs calling
-   * tools at once cost one syscall, not 64, which was a quarter of the client's CPU per call in the mcp-latency bench.
-   */
   send(message: JSONRPCMessage): Promise<void> {
-    if (!this.writable()) return Promise.reject(new NotDelivered("server process is not running"))
-    return new Promise((resolve, reject) => {
-      this.outbox.push(serializeMessage(message))
-      this.outboxWaiting.push({ resolve, reject })
-      if (this.outbox.length === 1) queueMicrotask(this.flush)
+    const stdin = this.child?.stdin
+    if (!this.alive || stdin === undefined || stdin === null || stdin.destroyed) {
+      return Promise.reject(new NotDelivered("server process is not running"))
+    }
+    return new Promise((resolve) => {
+      if (stdin.write(serializeMessage(message))) resolve()
+      else stdin.once("drain", resolve)
     })
-  }
-
-  outbox: Array<string> = []
-  outboxWaiting: Array<{ readonly resolve: () => void; readonly reject: (error: unknown) => void }> = []
-
-  writable(): boolean {
-    const stdin = this.child?.stdin
-    return this.alive && stdin !== undefined && stdin !== null && !stdin.destroyed
-  }
-
-  readonly flush = (): void => {
-    const lines = this.outbox
-    const waiting = this.outboxWaiting
-    this.outbox = []
-    this.outboxWaiting = []
-    const stdin = this.child?.stdin
-    if (!this.writable() || stdin === undefined || stdin === null) {
-      for (const w of waiting) w.reject(new NotDelivered("server process is not running"))
-      return
-    }
-    const written = () => {
-      for (const w of waiting) w.resolve()
-    }
-    if (stdin.write(lines.length === 1 ? lines[0]! : lines.join(""))) written()
-    else stdin.once("drain", written)
   }
 
   async close(): Promise<void> {
