@@ -5,8 +5,10 @@
  * Continuous batching: one scheduler fiber owns a running batch and its KV cache. Each iteration it (1) runs one
  * decode step for every running row, (2) admits waiting requests (up to `maxBatch` rows) by prefilling them and
  * merging their cache into the running one, and (3) drops finished rows. Concurrent `generate` calls (the K
- * generation fibers of the pipeline, each a GRPO group) therefore share each forward pass: a decode step is
- * overhead-bound, so one batch of 16 costs little more than one of 4.
+ * generation fibers of the pipeline, each a GRPO group) therefore share each forward pass: one batch of 16 rows costs
+ * far less than 4 batches of 4 (per-step kernel and JS overhead is paid once). With small models a decode step's cost
+ * grows with rows × cache length (attention over the cache, which skips each row's left padding); a row that finishes
+ * or joins costs one copy of the cache's rows (native gather / concat).
  *
  * Weights and versions:
  * - `updateWeights(snapshot)` loads the snapshot into the engine's model in place. The scheduler yields to the event
