@@ -1242,6 +1242,9 @@ inline float rstdOf(const float* x, int64_t n, float eps) {
 }
 
 // In-place softmax of one row (max-subtracted).
+// Queries per block in attention: the unit whose masked trailing key slots are skipped (see Attention).
+constexpr int64_t kQueryBlock = 32;
+
 inline void softmaxRow(float* y, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; i++) m = std::max(m, y[i]);
@@ -1516,21 +1519,61 @@ napi_value Attention(napi_env env, napi_callback_info info) {
   }
   calls++;
   int64_t rep = H / Hkv;
-  // Leading key slots masked (bias ≤ −1e8, i.e. the −1e9 of left padding) for every query of a row weigh exactly 0
-  // after the softmax (exp underflows) as long as each query sees some key: skip them. A batch of rows of unequal
-  // lengths is padded to its longest, so decode steps save the padding's share of the work.
+  // Key slots masked (bias ≤ −1e8, the −1e9 of padding and of the causal mask) weigh exactly 0 after the softmax (exp
+  // underflows) as long as the query sees some key, so they need not be computed: the leading ones masked for every
+  // query of a row (left padding: decode steps of rows of unequal lengths, padded to the longest) and, per block of
+  // queries, the trailing ones masked for every query of the block (the causal mask: a training or prefill pass over
+  // T tokens computes about half of the T×L scores). A query that sees nothing keeps every slot (the stock result:
+  // uniform weights).
   std::vector<int64_t> from(B, 0);
+  std::vector<int64_t> upto(B * T, L);  // per query: one past its last visible slot
   if (bOff >= 0) {
     for (int64_t b = 0; b < B; b++) {
       int64_t first = L;
-      for (int64_t t = 0; t < T && first > 0; t++) {
+      for (int64_t t = 0; t < T; t++) {
         const float* bias = heap.f32(bOff) + (b * T + t) * L;
         int64_t i = 0;
         while (i < L && bias[i] <= -1e8f) i++;
-        first = i == L ? 0 : std::min(first, i);  // a query that sees nothing: keep every slot (stock result)
+        if (i == L) {
+          first = 0;
+          continue;
+        }
+        first = std::min(first, i);
+        int64_t e = L;
+        while (e > i && bias[e - 1] <= -1e8f) e--;
+        upto[b * T + t] = e;
       }
       from[b] = first == L ? 0 : first;
     }
+  }
+  if (T == 1 && rep > 1) {
+    // A decode step: the `rep` query heads that share a KV head are rows of one [rep, hd] block (for one token they
+    // are adjacent in q, out and probs), so each cached key and value is read once per KV head, not once per head.
+    int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(1, 2 * rep * L * hd));
+    pool.parallelFor(B * Hkv, grain, [&](int64_t j0, int64_t j1) {
+      Scratch own(pOff >= 0 ? 0 : (size_t)(rep * L));
+      for (int64_t j = j0; j < j1; j++) {
+        int64_t b = j / Hkv, g = j % Hkv;
+        int64_t lo = from[b], hi = std::max(lo + 1, upto[b]), n = hi - lo;
+        float* S = pOff >= 0 ? heap.f32(pOff) + (b * H + g * rep) * L : own.p;
+        const float* K = heap.f32(kOff) + ((b * cap + lo) * Hkv + g) * hd;
+        const float* V = heap.f32(vOff) + ((b * cap + lo) * Hkv + g) * hd;
+        const float* Q = heap.f32(qOff) + (b * H + g * rep) * hd;
+        gemmS(false, true, (int)rep, (int)n, (int)hd, scale, Q, (int)hd, K, (int)(Hkv * hd), 0.0f, S + lo, (int)L);
+        const float* bias = bOff >= 0 ? heap.f32(bOff) + b * L : nullptr;
+        for (int64_t r = 0; r < rep; r++) {
+          float* s = S + r * L;
+          if (lo > 0) std::memset(s, 0, sizeof(float) * lo);
+          if (hi < L) std::memset(s + hi, 0, sizeof(float) * (L - hi));
+          if (bias != nullptr)
+            for (int64_t i = lo; i < hi; i++) s[i] += bias[i];
+          softmaxRow(s + lo, n);
+        }
+        gemmS(false, false, (int)rep, (int)hd, (int)n, 1.0f, S + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
+              heap.f32(oOff) + (b * H + g * rep) * hd, (int)hd);
+      }
+    });
+    return undefinedValue(env);
   }
   // ~2·T·L·hd multiply-adds a task: decode steps (T = 1) are too small to split.
   int64_t grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(1, 2 * T * L * hd));
@@ -1538,23 +1581,30 @@ napi_value Attention(napi_env env, napi_callback_info info) {
     Scratch own(pOff >= 0 ? 0 : (size_t)(T * L));
     for (int64_t j = j0; j < j1; j++) {
       int64_t b = j / H, h = j % H, g = h / rep;
-      int64_t lo = from[b], n = L - lo;
+      int64_t lo = from[b];
       float* S = pOff >= 0 ? heap.f32(pOff) + j * T * L : own.p;
-      const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
       const float* K = heap.f32(kOff) + ((b * cap + lo) * Hkv + g) * hd;
       const float* V = heap.f32(vOff) + ((b * cap + lo) * Hkv + g) * hd;
-      gemmS(false, true, (int)T, (int)n, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f, S + lo, (int)L);
-      for (int64_t t = 0; t < T; t++) {
-        float* s = S + t * L;
-        if (lo > 0) std::memset(s, 0, sizeof(float) * lo);  // kept probabilities: exactly 0 there
-        if (bOff >= 0) {
-          const float* bias = heap.f32(bOff) + (b * T + t) * L;
-          for (int64_t i = lo; i < L; i++) s[i] += bias[i];
+      for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+        int64_t t1 = std::min(T, t0 + kQueryBlock), hi = lo + 1;
+        for (int64_t t = t0; t < t1; t++) hi = std::max(hi, upto[b * T + t]);
+        int64_t n = hi - lo;
+        const float* Q = heap.f32(qOff) + ((b * T + t0) * H + h) * hd;
+        gemmS(false, true, (int)(t1 - t0), (int)n, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f,
+              S + t0 * L + lo, (int)L);
+        for (int64_t t = t0; t < t1; t++) {
+          float* s = S + t * L;
+          if (lo > 0) std::memset(s, 0, sizeof(float) * lo);  // kept probabilities: exactly 0 there
+          if (hi < L) std::memset(s + hi, 0, sizeof(float) * (L - hi));
+          if (bOff >= 0) {
+            const float* bias = heap.f32(bOff) + (b * T + t) * L;
+            for (int64_t i = lo; i < hi; i++) s[i] += bias[i];
+          }
+          softmaxRow(s + lo, n);
         }
-        softmaxRow(s + lo, n);
+        gemmS(false, false, (int)(t1 - t0), (int)hd, (int)n, 1.0f, S + t0 * L + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
+              heap.f32(oOff) + ((b * T + t0) * H + h) * hd, (int)(H * hd));
       }
-      gemmS(false, false, (int)T, (int)hd, (int)n, 1.0f, S + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
-            heap.f32(oOff) + (b * T * H + h) * hd, (int)(H * hd));
     }
   });
   return undefinedValue(env);
@@ -1581,31 +1631,55 @@ napi_value AttentionGrad(napi_env env, napi_callback_info info) {
   calls++;
   int64_t rep = H / Hkv;
   int qld = (int)(H * hd), kld = (int)(Hkv * hd);
+  // Per block of queries, only the key slots where some probability of the block is non-zero contribute (elsewhere
+  // P = 0, so dS = P·(dP − dot) = 0 and nothing reaches dq, dk or dv): the causal mask's trailing zeros and the left
+  // padding's leading ones are skipped, as in the forward pass.
   pool.parallelFor(B * Hkv, 1, [&](int64_t j0, int64_t j1) {
-    Scratch dP((size_t)(T * L));
+    Scratch dP((size_t)(std::min(T, kQueryBlock) * L));
     for (int64_t j = j0; j < j1; j++) {
       int64_t b = j / Hkv, g = j % Hkv;
       const float* K = heap.f32(kOff) + (b * L * Hkv + g) * hd;
       const float* V = heap.f32(vOff) + (b * L * Hkv + g) * hd;
       float* dK = heap.f32(dkOff) + (b * L * Hkv + g) * hd;
       float* dV = heap.f32(dvOff) + (b * L * Hkv + g) * hd;
+      for (int64_t i = 0; i < L; i++) {
+        std::memset(dK + i * kld, 0, sizeof(float) * hd);
+        std::memset(dV + i * kld, 0, sizeof(float) * hd);
+      }
       for (int64_t r = 0; r < rep; r++) {
         int64_t h = g * rep + r;
         const float* P = heap.f32(pOff) + (b * H + h) * T * L;
-        const float* Q = heap.f32(qOff) + (b * T * H + h) * hd;
-        const float* dO = heap.f32(doOff) + (b * T * H + h) * hd;
-        float* dQ = heap.f32(dqOff) + (b * T * H + h) * hd;
-        float beta = r == 0 ? 0.0f : 1.0f;
-        gemmS(true, false, (int)L, (int)hd, (int)T, 1.0f, P, (int)L, dO, qld, beta, dV, kld);  // dV += Pᵀ dO
-        gemmS(false, true, (int)T, (int)L, (int)hd, 1.0f, dO, qld, V, kld, 0.0f, dP.p, (int)L);  // dP = dO Vᵀ
-        for (int64_t t = 0; t < T; t++) {
-          float* d = dP.p + t * L;
-          const float* p = P + t * L;
-          float dot = dotOf(d, p, L);
-          for (int64_t i = 0; i < L; i++) d[i] = p[i] * (d[i] - dot);  // dS
+        for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+          int64_t t1 = std::min(T, t0 + kQueryBlock);
+          int tb = (int)(t1 - t0);
+          const float* Q = heap.f32(qOff) + ((b * T + t0) * H + h) * hd;
+          const float* dO = heap.f32(doOff) + ((b * T + t0) * H + h) * hd;
+          float* dQ = heap.f32(dqOff) + ((b * T + t0) * H + h) * hd;
+          int64_t a = L, c = 0;
+          for (int64_t t = t0; t < t1; t++) {
+            const float* p = P + t * L;
+            int64_t i = 0, e = L;
+            while (i < L && p[i] == 0.0f) i++;
+            while (e > i && p[e - 1] == 0.0f) e--;
+            if (i < e) a = std::min(a, i), c = std::max(c, e);
+          }
+          if (a >= c) {  // every probability 0 (not a softmax's output): no gradient
+            for (int64_t t = 0; t < tb; t++) std::memset(dQ + t * qld, 0, sizeof(float) * hd);
+            continue;
+          }
+          int n = (int)(c - a);
+          const float* Pb = P + t0 * L + a;
+          gemmS(true, false, n, (int)hd, tb, 1.0f, Pb, (int)L, dO, qld, 1.0f, dV + a * kld, kld);  // dV += Pᵀ dO
+          gemmS(false, true, tb, n, (int)hd, 1.0f, dO, qld, V + a * kld, kld, 0.0f, dP.p, n);  // dP = dO Vᵀ
+          for (int t = 0; t < tb; t++) {
+            float* d = dP.p + (int64_t)t * n;
+            const float* p = Pb + (int64_t)t * L;
+            float dot = dotOf(d, p, n);
+            for (int i = 0; i < n; i++) d[i] = p[i] * (d[i] - dot);  // dS
+          }
+          gemmS(false, false, tb, (int)hd, n, scale, dP.p, n, K + a * kld, kld, 0.0f, dQ, qld);  // dQ = s·dS K
+          gemmS(true, false, n, (int)hd, tb, scale, dP.p, n, Q, qld, 1.0f, dK + a * kld, kld);  // dK += s·dSᵀ Q
         }
-        gemmS(false, false, (int)T, (int)hd, (int)L, scale, dP.p, (int)L, K, kld, 0.0f, dQ, qld);  // dQ = s·dS K
-        gemmS(true, false, (int)L, (int)hd, (int)T, scale, dP.p, (int)L, Q, qld, beta, dK, kld);  // dK += s·dSᵀ Q
       }
     }
   });

@@ -229,6 +229,54 @@ describe.skipIf(!native.available)("Fused kernels", () => {
     }
   })
 
+  it("attention skips the causal mask's tail per block of queries: right-padded rows over several blocks, forward and gradients", () => {
+    const next = rng(15)
+    // training layout (T = L, causal, rows right-padded to the longest) and a prefill over a cache (L > T)
+    for (const [T, extra] of [
+      [70, 0],
+      [33, 0],
+      [45, 9]
+    ] as const) {
+      const B = 3
+      const L = T + extra
+      const Hkv = 2
+      const H = 4
+      const hd = 8
+      // row b holds len[b] tokens; a padding query sees only itself, as LogProbs' mask does; row 2 is full length
+      const len = [Math.floor(next() * T) + 1, Math.floor(next() * T) + 1, T]
+      const bias = new Float32Array(B * T * L)
+      for (let b = 0; b < B; b++) {
+        for (let t = 0; t < T; t++) {
+          for (let j = 0; j < L; j++) {
+            const visible = t < len[b]! ? j <= extra + t && j < extra + len[b]! : j === extra + t
+            bias[(b * T + t) * L + j] = visible ? 0 : -1e9
+          }
+        }
+      }
+      const biasT = tf.tensor(bias, [B, T, L])
+      const q = randomTensor([B * T, H, hd], next, 2)
+      const k = randomTensor([B, L, Hkv, hd], next, 2)
+      const v = randomTensor([B, L, Hkv, hd], next)
+      const dy = randomTensor([B * T, H * hd], next)
+      const label = `causal attention T${T} L${L} lengths ${len.join(",")}`
+      assertClose(
+        label,
+        bothWays(() =>
+          valueAndGrads(
+            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, 1 / Math.sqrt(hd)),
+            [q, k, v],
+            dy
+          )
+        )
+      )
+      assertClose(
+        `${label} (inference)`,
+        bothWays(() => [Fused.attention(q, k, v, biasT, 1 / Math.sqrt(hd))])
+      )
+      tf.dispose([biasT, q, k, v, dy])
+    }
+  })
+
   it("q|k|v preparation (qk-norm, RoPE, cache append) and the norm + matmul + residual linear match", () => {
     const next = rng(5)
     for (const [B, T, P, H, Hkv, hd, withNorm] of [
