@@ -271,7 +271,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       )
       assertClose(
         `${label} (inference)`,
-        bothWays(() => [Fused.attention(q, k, v, biasT, 1 / Math.sqrt(hd))])
+        bothWays(() => [Fused.attention(q, k as tf.Tensor4D, v as tf.Tensor4D, biasT, 1 / Math.sqrt(hd))])
       )
       tf.dispose([biasT, q, k, v, dy])
     }
