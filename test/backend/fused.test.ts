@@ -68,6 +68,48 @@ const valueAndGrads = (op: (...xs: Array<tf.Tensor>) => tf.Tensor, inputs: Array
   return [value, ...grads]
 }
 
+interface AttentionCase {
+  readonly bias: tf.Tensor
+  readonly q: tf.Tensor
+  readonly k: tf.Tensor4D
+  readonly v: tf.Tensor4D
+  readonly dy: tf.Tensor
+}
+
+/** An attention case: the additive mask (0 where `visible(b, t, j)`, −1e9 elsewhere), then random q, k, v and dy. */
+const attentionCase = (
+  next: () => number,
+  [B, T, L, H, Hkv, hd]: readonly [number, number, number, number, number, number],
+  visible: (b: number, t: number, j: number) => boolean
+): AttentionCase => {
+  const bias = new Float32Array(B * T * L)
+  for (let b = 0; b < B; b++) {
+    for (let t = 0; t < T; t++) {
+      for (let j = 0; j < L; j++) bias[(b * T + t) * L + j] = visible(b, t, j) ? 0 : -1e9
+    }
+  }
+  return {
+    bias: tf.tensor(bias, [B, T, L]),
+    q: randomTensor([B * T, H, hd], next, 2),
+    k: randomTensor([B, L, Hkv, hd], next, 2) as tf.Tensor4D,
+    v: randomTensor([B, L, Hkv, hd], next) as tf.Tensor4D,
+    dy: randomTensor([B * T, H * hd], next)
+  }
+}
+
+/** Native attention's value and gradients against the stock composition. */
+const assertAttention = (label: string, c: AttentionCase, scale: number) =>
+  assertClose(
+    label,
+    bothWays(() =>
+      valueAndGrads(
+        (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, c.bias, scale),
+        [c.q, c.k, c.v],
+        c.dy
+      )
+    )
+  )
+
 const tinyConfig = (overrides: Record<string, unknown> = {}) =>
   ModelConfig.fromInit({
     architecture: "qwen3",
@@ -158,31 +200,13 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       const hd = 1 + Math.floor(next() * 20)
       const scale = trial % 2 === 0 ? 1 : 1 / Math.sqrt(hd)
       // causal over the last T slots, random padding; row 0 of batch 0 sees nothing (uniform weights)
-      const bias = new Float32Array(B * T * L)
-      for (let b = 0; b < B; b++) {
-        for (let t = 0; t < T; t++) {
-          for (let j = 0; j < L; j++) {
-            const visible = j <= L - T + t && next() > 0.2 && !(b === 0 && t === 0)
-            bias[(b * T + t) * L + j] = visible ? 0 : -1e9
-          }
-        }
-      }
-      const biasT = tf.tensor(bias, [B, T, L])
-      const q = randomTensor([B * T, H, hd], next, 2)
-      const k = randomTensor([B, L, Hkv, hd], next, 2)
-      const v = randomTensor([B, L, Hkv, hd], next)
-      const dy = randomTensor([B * T, H * hd], next)
-      assertClose(
-        `attention B${B} T${T} L${L} H${H} Hkv${Hkv} hd${hd}`,
-        bothWays(() =>
-          valueAndGrads(
-            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, scale),
-            [q, k, v],
-            dy
-          )
-        )
+      const c = attentionCase(
+        next,
+        [B, T, L, H, Hkv, hd],
+        (b, t, j) => j <= L - T + t && next() > 0.2 && !(b === 0 && t === 0)
       )
-      tf.dispose([biasT, q, k, v, dy])
+      assertAttention(`attention B${B} T${T} L${L} H${H} Hkv${Hkv} hd${hd}`, c, scale)
+      tf.dispose(Object.values(c))
     }
   })
 
@@ -196,36 +220,17 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       const hd = 8
       // row b's first pad[b] slots are padding for every query (row 2 has none); causal over the last T slots
       const pad = [Math.floor(next() * 15) + 1, Math.floor(next() * 15) + 1, 0]
-      const bias = new Float32Array(B * T * L)
-      for (let b = 0; b < B; b++) {
-        for (let t = 0; t < T; t++) {
-          for (let j = 0; j < L; j++) bias[(b * T + t) * L + j] = j >= pad[b]! && j <= L - T + t ? 0 : -1e9
-        }
-      }
-      const biasT = tf.tensor(bias, [B, T, L])
-      const q = randomTensor([B * T, H, hd], next, 2)
-      const k = randomTensor([B, L, Hkv, hd], next, 2)
-      const v = randomTensor([B, L, Hkv, hd], next)
-      const dy = randomTensor([B * T, H * hd], next)
+      const c = attentionCase(next, [B, T, L, H, Hkv, hd], (b, t, j) => j >= pad[b]! && j <= L - T + t)
       const label = `padded attention T${T} pads ${pad.join(",")}`
-      assertClose(
-        label,
-        bothWays(() =>
-          valueAndGrads(
-            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, 1 / Math.sqrt(hd)),
-            [q, k, v],
-            dy
-          )
-        )
-      )
+      assertAttention(label, c, 1 / Math.sqrt(hd))
       // inference path (no probabilities kept), over a cache with spare slots
-      const spare = tf.concat([k, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
-      const spareV = tf.concat([v, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
+      const spare = tf.concat([c.k, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
+      const spareV = tf.concat([c.v, tf.zeros([B, 5, Hkv, hd])], 1) as tf.Tensor4D
       assertClose(
         `${label} (inference)`,
-        bothWays(() => [Fused.attention(q, spare, spareV, biasT, 1 / Math.sqrt(hd), L)])
+        bothWays(() => [Fused.attention(c.q, spare, spareV, c.bias, 1 / Math.sqrt(hd), L)])
       )
-      tf.dispose([biasT, q, k, v, dy, spare, spareV])
+      tf.dispose([...Object.values(c), spare, spareV])
     }
   })
 
@@ -244,36 +249,16 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       const hd = 8
       // row b holds len[b] tokens; a padding query sees only itself, as LogProbs' mask does; row 2 is full length
       const len = [Math.floor(next() * T) + 1, Math.floor(next() * T) + 1, T]
-      const bias = new Float32Array(B * T * L)
-      for (let b = 0; b < B; b++) {
-        for (let t = 0; t < T; t++) {
-          for (let j = 0; j < L; j++) {
-            const visible = t < len[b]! ? j <= extra + t && j < extra + len[b]! : j === extra + t
-            bias[(b * T + t) * L + j] = visible ? 0 : -1e9
-          }
-        }
-      }
-      const biasT = tf.tensor(bias, [B, T, L])
-      const q = randomTensor([B * T, H, hd], next, 2)
-      const k = randomTensor([B, L, Hkv, hd], next, 2)
-      const v = randomTensor([B, L, Hkv, hd], next)
-      const dy = randomTensor([B * T, H * hd], next)
-      const label = `causal attention T${T} L${L} lengths ${len.join(",")}`
-      assertClose(
-        label,
-        bothWays(() =>
-          valueAndGrads(
-            (qi, ki, vi) => Fused.attention(qi!, ki as tf.Tensor4D, vi as tf.Tensor4D, biasT, 1 / Math.sqrt(hd)),
-            [q, k, v],
-            dy
-          )
-        )
+      const c = attentionCase(next, [B, T, L, H, Hkv, hd], (b, t, j) =>
+        t < len[b]! ? j <= extra + t && j < extra + len[b]! : j === extra + t
       )
+      const label = `causal attention T${T} L${L} lengths ${len.join(",")}`
+      assertAttention(label, c, 1 / Math.sqrt(hd))
       assertClose(
         `${label} (inference)`,
-        bothWays(() => [Fused.attention(q, k as tf.Tensor4D, v as tf.Tensor4D, biasT, 1 / Math.sqrt(hd))])
+        bothWays(() => [Fused.attention(c.q, c.k, c.v, c.bias, 1 / Math.sqrt(hd))])
       )
-      tf.dispose([biasT, q, k, v, dy])
+      tf.dispose(Object.values(c))
     }
   })
 
