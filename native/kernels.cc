@@ -1241,16 +1241,26 @@ inline float rstdOf(const float* x, int64_t n, float eps) {
   return 1.0f / std::sqrt(mean + eps);
 }
 
-// In-place softmax of one row (max-subtracted).
 // Queries per block in attention: the unit whose masked trailing key slots are skipped (see Attention).
 constexpr int64_t kQueryBlock = 32;
 
+// In-place softmax of one row (max-subtracted).
 inline void softmaxRow(float* y, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; i++) m = std::max(m, y[i]);
   for (int64_t i = 0; i < n; i++) y[i] = fastExp(y[i] - m);
   float inv = 1.0f / sumOf(y, n);
   for (int64_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+// One query's scores s[0, L) → its attention probabilities over the slots [lo, hi) it may see (the additive `bias` row
+// added when given); the slots outside are set to exactly 0, as a kept probability row must be.
+inline void maskedSoftmaxRow(float* s, const float* bias, int64_t lo, int64_t hi, int64_t L) {
+  if (lo > 0) std::memset(s, 0, sizeof(float) * lo);
+  if (hi < L) std::memset(s + hi, 0, sizeof(float) * (L - hi));
+  if (bias != nullptr)
+    for (int64_t i = lo; i < hi; i++) s[i] += bias[i];
+  softmaxRow(s + lo, hi - lo);
 }
 
 // RoPE of one head vector (HF rotate_half): y = x·cos + rotate_half(x)·sin; backward: the transpose, dx = dy·cos +
@@ -1561,14 +1571,7 @@ napi_value Attention(napi_env env, napi_callback_info info) {
         const float* Q = heap.f32(qOff) + (b * H + g * rep) * hd;
         gemmS(false, true, (int)rep, (int)n, (int)hd, scale, Q, (int)hd, K, (int)(Hkv * hd), 0.0f, S + lo, (int)L);
         const float* bias = bOff >= 0 ? heap.f32(bOff) + b * L : nullptr;
-        for (int64_t r = 0; r < rep; r++) {
-          float* s = S + r * L;
-          if (lo > 0) std::memset(s, 0, sizeof(float) * lo);
-          if (hi < L) std::memset(s + hi, 0, sizeof(float) * (L - hi));
-          if (bias != nullptr)
-            for (int64_t i = lo; i < hi; i++) s[i] += bias[i];
-          softmaxRow(s + lo, n);
-        }
+        for (int64_t r = 0; r < rep; r++) maskedSoftmaxRow(S + r * L, bias, lo, hi, L);
         gemmS(false, false, (int)rep, (int)hd, (int)n, 1.0f, S + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
               heap.f32(oOff) + (b * H + g * rep) * hd, (int)hd);
       }
@@ -1592,16 +1595,8 @@ napi_value Attention(napi_env env, napi_callback_info info) {
         const float* Q = heap.f32(qOff) + ((b * T + t0) * H + h) * hd;
         gemmS(false, true, (int)(t1 - t0), (int)n, (int)hd, scale, Q, (int)(H * hd), K, (int)(Hkv * hd), 0.0f,
               S + t0 * L + lo, (int)L);
-        for (int64_t t = t0; t < t1; t++) {
-          float* s = S + t * L;
-          if (lo > 0) std::memset(s, 0, sizeof(float) * lo);  // kept probabilities: exactly 0 there
-          if (hi < L) std::memset(s + hi, 0, sizeof(float) * (L - hi));
-          if (bOff >= 0) {
-            const float* bias = heap.f32(bOff) + (b * T + t) * L;
-            for (int64_t i = lo; i < hi; i++) s[i] += bias[i];
-          }
-          softmaxRow(s + lo, n);
-        }
+        for (int64_t t = t0; t < t1; t++)
+          maskedSoftmaxRow(S + t * L, bOff >= 0 ? heap.f32(bOff) + (b * T + t) * L : nullptr, lo, hi, L);
         gemmS(false, false, (int)(t1 - t0), (int)hd, (int)n, 1.0f, S + t0 * L + lo, (int)L, V, (int)(Hkv * hd), 0.0f,
               heap.f32(oOff) + ((b * T + t0) * H + h) * hd, (int)(H * hd));
       }
