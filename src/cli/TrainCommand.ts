@@ -3,6 +3,8 @@
  * (SyncPipeline) or fully async (AsyncPipeline, `pipeline.mode: async`). Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
  * checkpoints/) and ends with one JSON summary line on stdout:
  * `{"event":"summary","steps":…,"seconds":…,"runDir":…,"evalBefore":{…},"evalAfter":{…}}`.
+ * A fresh run (no resume) into a directory that holds an earlier run first moves that run's files to
+ * `<run dir>/earlier/<its start time>/`: appending to them would mix two runs' steps in metrics, episodes and report.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -40,6 +42,30 @@ export const resolveResume = (runDir: string, which: string) =>
     catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
   })
 
+/** What a run writes into its directory. */
+const runEntries = ["config.yaml", "metrics.jsonl", "episodes.jsonl", "consumed.jsonl", "checkpoints", "report.html"]
+
+const statOf = (file: string) => fs.stat(file).catch(() => undefined)
+
+/**
+ * Moves an earlier run's files out of the way of a fresh run: to `<run dir>/earlier/<stamp>/`, the stamp being the
+ * earlier run's start (its config.yaml's modification time). Returns that directory, or undefined when the run
+ * directory holds no run. Other files in the directory are left where they are.
+ */
+export const archiveEarlierRun = (runDir: string) =>
+  Effect.tryPromise(async () => {
+    const present: Array<string> = []
+    for (const name of runEntries) if ((await statOf(path.join(runDir, name))) !== undefined) present.push(name)
+    if (present.length === 0) return undefined
+    const started = (await statOf(path.join(runDir, "config.yaml")))?.mtime ?? new Date()
+    const stamp = started.toISOString().slice(0, 19).replaceAll(":", "-") // 2026-11-22T07-55-03
+    let target = path.join(runDir, "earlier", stamp)
+    for (let n = 2; (await statOf(target)) !== undefined; n++) target = path.join(runDir, "earlier", `${stamp}-${n}`)
+    await fs.mkdir(target, { recursive: true })
+    for (const name of present) await fs.rename(path.join(runDir, name), path.join(target, name))
+    return target
+  }).pipe(Effect.orDie)
+
 export const command = Command.make(
   "train",
   {
@@ -63,6 +89,14 @@ export const command = Command.make(
     const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
     if (resume !== undefined && resumeFrom === undefined)
       yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)
+    if (resumeFrom === undefined) {
+      const moved = yield* archiveEarlierRun(runDir)
+      if (moved !== undefined) {
+        yield* Effect.logInfo(
+          `${runDir} held an earlier run: moved it to ${moved} (train --resume latest continues a run instead)`
+        )
+      }
+    }
     yield* Effect.tryPromise(async () => {
       await fs.mkdir(runDir, { recursive: true })
       const encoded = Schema.encodeSync(RunConfig)(config)

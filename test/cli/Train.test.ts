@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
@@ -76,6 +76,27 @@ describe("train (configs/tiny.yaml, end to end)", () => {
       assert.isTrue(existsSync(join(out, file)), file)
     }
     assert.strictEqual(JSON.parse(Cli.run(["model", "info", "--model", out]).lastLine).dtype, "BF16")
+
+    // a fresh run into the same directory starts clean; the earlier run moves to earlier/<its start>/, whole
+    const fresh = Cli.run(["train", "--config", "configs/tiny.yaml", "--run-dir", runDir, "trainer.max_steps=1"], {
+      timeoutMs: 600_000
+    })
+    assert.strictEqual(fresh.code, 0, fresh.stderr.slice(-3000))
+    assert.include(fresh.stderr, "held an earlier run")
+    const steps = (dir: string) =>
+      readJsonl(join(dir, "metrics.jsonl"))
+        .filter((m) => m["event"] === "train")
+        .map((m) => m["step"])
+    assert.deepStrictEqual(steps(runDir), [1])
+    assert.strictEqual(readJsonl(join(runDir, "episodes.jsonl")).length, 2)
+    assert.strictEqual(readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim(), "step-1")
+    const earlier = readdirSync(join(runDir, "earlier"))
+    assert.strictEqual(earlier.length, 1)
+    const archived = join(runDir, "earlier", earlier[0]!)
+    assert.deepStrictEqual(steps(archived), [1, 2, 3])
+    assert.strictEqual(readJsonl(join(archived, "episodes.jsonl")).length, 6)
+    assert.strictEqual(readFileSync(join(archived, "checkpoints", "latest"), "utf8").trim(), "step-3")
+    assert.isTrue(existsSync(join(runDir, "export", "model.safetensors")), "files that are not the run's stay")
   }, 900_000)
 })
 
