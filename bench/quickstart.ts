@@ -2,8 +2,9 @@
  * The quickstart's acceptance run: `node dist/main.js train --config configs/quickstart.yaml` (build first:
  * `npm run build`), timed from spawn to exit, with the load average sampled every 5 s while it runs (the cores may
  * be shared: the figure says what the run competed with). Writes bench/results/quickstart.json:
- * `{ seconds, steps, evalBefore, evalAfter, delta, machineLoad, backend, ... }`, delta = the change of
- * `all.avg_score` (the goal is ≥ 0.30 in ≤ 600 s on 2 cores).
+ * `{ seconds, steps, evalBefore, evalAfter, delta, at, machineLoad, backend, ... }`, delta = the change of
+ * `all.avg_score` (the goal is ≥ 0.30 in ≤ 600 s on 2 cores), `at` = the held-out score at each eval during training.
+ * Other keys already in the file (earlier sessions' records) are kept, and each run is appended to `benchRuns`.
  *
  * Run: npm run build && npx node bench/quickstart.ts [--config configs/quickstart.yaml] [--note "..."] [extra overrides after --]
  */
@@ -48,6 +49,16 @@ const summary = JSON.parse(lines[lines.length - 1]!) as {
 }
 const resolved = fs.readFileSync(path.join(summary.runDir, "config.yaml"), "utf8")
 const field = (key: string) => resolved.match(new RegExp(`^\\s*${key}: (.*)$`, "m"))?.[1]
+/** Held-out `all.avg_score` at each eval during training (step → score), from the run's metrics. */
+const heldOutAt: Record<string, number> = {}
+for (const line of fs.readFileSync(path.join(summary.runDir, "metrics.jsonl"), "utf8").split("\n")) {
+  if (line.trim() === "") continue
+  const m = JSON.parse(line) as Record<string, unknown>
+  const score = m["eval/all/avg_score"]
+  if (m["event"] === "eval" && typeof score === "number" && m["step"] !== 0) {
+    heldOutAt[String(m["step"])] = Number(score.toFixed(3))
+  }
+}
 const before = summary.evalBefore?.all
 const after = summary.evalAfter?.all
 const mean = (xs: Array<number>) => (xs.length === 0 ? os.loadavg()[0]! : xs.reduce((a, b) => a + b, 0) / xs.length)
@@ -70,5 +81,20 @@ const result = {
   note
 }
 console.log(JSON.stringify(result))
+// The file also holds what earlier runs and sessions recorded beside the latest run: those keys are kept, and every
+// bench run is appended, in short, to `benchRuns`.
 const out = path.join(import.meta.dirname, "results", "quickstart.json")
-fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)
+const earlier = fs.existsSync(out) ? (JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, unknown>) : {}
+const benchRuns = Array.isArray(earlier["benchRuns"]) ? (earlier["benchRuns"] as Array<unknown>) : []
+benchRuns.push({
+  date: result.date,
+  overrides,
+  steps: result.steps,
+  pipelineSeconds: result.pipelineSeconds,
+  evalBefore: before?.avg_score,
+  at: heldOutAt,
+  evalAfter: after?.avg_score,
+  delta: result.delta,
+  note
+})
+fs.writeFileSync(out, `${JSON.stringify({ ...earlier, ...result, at: heldOutAt, benchRuns }, null, 2)}\n`)
