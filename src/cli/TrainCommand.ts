@@ -15,9 +15,12 @@ import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as Metrics from "../metrics/Metrics.ts"
 import * as Report from "../metrics/Report.ts"
 import * as AsyncPipeline from "../pipeline/AsyncPipeline.ts"
+import * as ConsumedLog from "../pipeline/ConsumedLog.ts"
 import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
+import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 /** Read every row of the configured files (`data.max_prompts` caps the training set). */
@@ -42,8 +45,17 @@ export const resolveResume = (runDir: string, which: string) =>
     catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
   })
 
+const configFile = "config.yaml"
+
 /** What a run writes into its directory. */
-const runEntries = ["config.yaml", "metrics.jsonl", "episodes.jsonl", "consumed.jsonl", "checkpoints", "report.html"]
+const runEntries = [
+  configFile,
+  Metrics.fileName,
+  EpisodeLog.fileName,
+  ConsumedLog.fileName,
+  "checkpoints",
+  "report.html"
+]
 
 const statOf = (file: string) => fs.stat(file).catch(() => undefined)
 
@@ -57,7 +69,7 @@ export const archiveEarlierRun = (runDir: string) =>
     const present: Array<string> = []
     for (const name of runEntries) if ((await statOf(path.join(runDir, name))) !== undefined) present.push(name)
     if (present.length === 0) return undefined
-    const started = (await statOf(path.join(runDir, "config.yaml")))?.mtime ?? new Date()
+    const started = (await statOf(path.join(runDir, configFile)))?.mtime ?? new Date()
     const stamp = started.toISOString().slice(0, 19).replaceAll(":", "-") // 2026-11-22T07-55-03
     let target = path.join(runDir, "earlier", stamp)
     for (let n = 2; (await statOf(target)) !== undefined; n++) target = path.join(runDir, "earlier", `${stamp}-${n}`)
@@ -100,7 +112,7 @@ export const command = Command.make(
     yield* Effect.tryPromise(async () => {
       await fs.mkdir(runDir, { recursive: true })
       const encoded = Schema.encodeSync(RunConfig)(config)
-      await fs.writeFile(path.join(runDir, "config.yaml"), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
+      await fs.writeFile(path.join(runDir, configFile), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
     }).pipe(Effect.orDie)
     yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
     const pipeline = config.pipeline.mode === "async" ? AsyncPipeline.run : SyncPipeline.run

@@ -35,7 +35,9 @@ describe("train (configs/tiny.yaml, end to end)", () => {
     assert.include(second.stderr, "resumed from")
     assert.strictEqual(JSON.parse(second.lastLine).steps, 3)
 
-    const train = readJsonl(join(runDir, "metrics.jsonl")).filter((m) => m["event"] === "train")
+    const trainMetrics = (dir: string) => readJsonl(join(dir, "metrics.jsonl")).filter((m) => m["event"] === "train")
+    const steps = (dir: string) => trainMetrics(dir).map((m) => m["step"])
+    const train = trainMetrics(runDir)
     assert.deepStrictEqual(
       train.map((m) => m["step"]),
       [1, 2, 3]
@@ -83,10 +85,6 @@ describe("train (configs/tiny.yaml, end to end)", () => {
     })
     assert.strictEqual(fresh.code, 0, fresh.stderr.slice(-3000))
     assert.include(fresh.stderr, "held an earlier run")
-    const steps = (dir: string) =>
-      readJsonl(join(dir, "metrics.jsonl"))
-        .filter((m) => m["event"] === "train")
-        .map((m) => m["step"])
     assert.deepStrictEqual(steps(runDir), [1])
     assert.strictEqual(readJsonl(join(runDir, "episodes.jsonl")).length, 2)
     assert.strictEqual(readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim(), "step-1")
