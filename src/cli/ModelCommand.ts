@@ -15,6 +15,7 @@ import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as Checkpointer from "../store/Checkpointer.ts"
 
 const modelFlag = Flag.String("model").pipe(
   Flag.withDescription("a HF checkpoint directory (config.json + safetensors)")
@@ -117,15 +118,7 @@ const logprobsCommand = Command.make(
 ).pipe(Command.withDescription("Print the log-prob of each token id after the first, given its prefix"))
 
 /** A run directory means its latest checkpoint; anything else is taken as a checkpoint directory. */
-const resolveCheckpoint = (dir: string) =>
-  Effect.promise(async () => {
-    try {
-      const name = (await fs.readFile(path.join(dir, "checkpoints", "latest"), "utf8")).trim()
-      return path.join(dir, "checkpoints", name)
-    } catch {
-      return dir
-    }
-  })
+const resolveCheckpoint = (dir: string) => Effect.promise(async () => (await Checkpointer.latestIn(dir)) ?? dir)
 
 /** Write the model at `dir` (a checkpoint or a run directory) as a HF directory at `out`. */
 export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16") =>

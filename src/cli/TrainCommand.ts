@@ -20,6 +20,7 @@ import * as Report from "../metrics/Report.ts"
 import * as AsyncPipeline from "../pipeline/AsyncPipeline.ts"
 import * as ConsumedLog from "../pipeline/ConsumedLog.ts"
 import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
+import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 
@@ -35,12 +36,7 @@ export const resolveResume = (runDir: string, which: string) =>
         await fs.access(path.join(which, "trainer_state.json"))
         return which
       }
-      try {
-        const name = (await fs.readFile(path.join(runDir, "checkpoints", "latest"), "utf8")).trim()
-        return path.join(runDir, "checkpoints", name)
-      } catch {
-        return undefined
-      }
+      return Checkpointer.latestIn(runDir)
     },
     catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
   })
@@ -53,8 +49,8 @@ const runEntries = [
   Metrics.fileName,
   EpisodeLog.fileName,
   ConsumedLog.fileName,
-  "checkpoints",
-  "report.html"
+  Checkpointer.dirName,
+  Report.fileName
 ]
 
 const statOf = (file: string) => fs.stat(file).catch(() => undefined)

@@ -554,13 +554,16 @@ export const chartAssets = Effect.fn("Report.chartAssets")(function* () {
 export const render = (data: Data, assets: { readonly script: string; readonly style: string }): string =>
   ReportPage.html({ data, dataJson: scriptJson(data), chartScript: assets.script, chartStyle: assets.style })
 
+/** The report's file name in a run directory. */
+export const fileName = "report.html"
+
 /** Build the report of `runDir` and write it (default `<runDir>/report.html`); returns the file and its size. */
 export const write = Effect.fn("Report.write")(function* (runDir: string, options: Options = {}) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const data = yield* collect(runDir, options)
   const html = render(data, yield* chartAssets())
-  const out = options.out ?? path.join(runDir, "report.html")
+  const out = options.out ?? path.join(runDir, fileName)
   yield* fs
     .writeFileString(out, html)
     .pipe(Effect.mapError((cause) => new ReportError({ path: out, message: `cannot write: ${cause.message}` })))

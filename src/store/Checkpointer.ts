@@ -56,12 +56,25 @@ const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
       new CheckpointError({ path: dir, message: `${what}: ${cause instanceof Error ? cause.message : String(cause)}` })
   })
 
+/** The directory under a run directory that holds the step checkpoints and the `latest` pointer. */
+export const dirName = "checkpoints"
+
+/** The checkpoint directory `<runDir>/checkpoints/latest` names; undefined when there is none yet. */
+export const latestIn = async (runDir: string): Promise<string | undefined> => {
+  const root = path.join(runDir, dirName)
+  try {
+    return path.join(root, (await fs.readFile(path.join(root, "latest"), "utf8")).trim())
+  } catch {
+    return undefined
+  }
+}
+
 export const make = (options: {
   readonly runDir: string
   readonly keepN: number
   readonly tokenizer: TokenizerImpl
 }) => {
-  const root = path.join(options.runDir, "checkpoints")
+  const root = path.join(options.runDir, dirName)
   const save = Effect.fn("Checkpointer.save")(function* (
     step: number,
     model: Transformer.Transformer,
@@ -120,15 +133,7 @@ export const make = (options: {
     return { dir, step }
   })
   const resolve = (which: string) =>
-    which === "latest"
-      ? attempt(root, "read latest", async () => {
-          try {
-            return path.join(root, (await fs.readFile(path.join(root, "latest"), "utf8")).trim())
-          } catch {
-            return undefined
-          }
-        })
-      : Effect.succeed(which)
+    which === "latest" ? attempt(root, "read latest", () => latestIn(options.runDir)) : Effect.succeed(which)
   const read = (dir: string) =>
     Effect.gen(function* () {
       const raw = yield* attempt(dir, "trainer_state.json", () =>

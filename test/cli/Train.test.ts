@@ -38,10 +38,7 @@ describe("train (configs/tiny.yaml, end to end)", () => {
     const trainMetrics = (dir: string) => readJsonl(join(dir, "metrics.jsonl")).filter((m) => m["event"] === "train")
     const steps = (dir: string) => trainMetrics(dir).map((m) => m["step"])
     const train = trainMetrics(runDir)
-    assert.deepStrictEqual(
-      train.map((m) => m["step"]),
-      [1, 2, 3]
-    )
+    assert.deepStrictEqual(steps(runDir), [1, 2, 3])
     for (const m of train) {
       for (const key of ["reward/avg_raw_reward", "generate/avg_num_tokens", "timing/train_step"]) {
         assert.isTrue(Number.isFinite(m[key]), `${key} at step ${m["step"]}`)
