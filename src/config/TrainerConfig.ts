@@ -3,7 +3,7 @@ import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, withDe
 
 /** SkyRL's `trainer.algorithm` keys, same names and meanings. */
 export const AlgorithmConfig = Schema.Struct({
-  advantage_estimator: Schema.Literals(["grpo", "rloo", "reinforce++", "gae"]).pipe(withDefault("grpo")),
+  advantage_estimator: Schema.Literals(["grpo", "rloo", "reinforce++", "gae", "maxrl"]).pipe(withDefault("grpo")),
   grpo_norm_by_std: Schema.Boolean.pipe(withDefault(true)), // false = Dr. GRPO
   advantage_batch_normalize: Schema.Boolean.pipe(withDefault(false)),
   gamma: Probability.pipe(withDefault(1)),

@@ -1,4 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
+import { Effect } from "effect"
+import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import type { StopReason, Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
@@ -90,6 +92,31 @@ describe("TrainingBatch.build", () => {
     assert.strictEqual(batch.droppedGroups, 1)
     assert.deepStrictEqual(batch.promptUids, ["mixed", "mixed"])
   })
+
+  it.effect(
+    "advantage_estimator: maxrl (read from the config) scales by the group mean: a rare success weighs n − 1",
+    () =>
+      Effect.gen(function* () {
+        const config = yield* RunConfigLoader.fromObject({ model: { path: "unused" } }, [
+          "trainer.algorithm.advantage_estimator=maxrl"
+        ])
+        const rare = group(
+          "rare",
+          [1, 0, 0, 0].map((r, i) => trajectory("rare", i, r))
+        )
+        const easy = group(
+          "easy",
+          [1, 1, 1, 0].map((r, i) => trajectory("easy", i, r))
+        )
+        const batch = TrainingBatch.build([rare, easy], {
+          ...options,
+          estimator: config.trainer.algorithm.advantage_estimator
+        })
+        // rare: mean 1/4 → (1 − 1/4)/(1/4) = 3, (0 − 1/4)/(1/4) = −1; easy: mean 3/4 → 1/3 and −1 (GRPO: ±0.75 / 0.25)
+        const last = batch.advantages.map((row) => Math.round(row[5]! * 1e4) / 1e4)
+        assert.deepStrictEqual(last, [3, -1, -1, -1, 0.3333, 0.3333, 0.3333, -1])
+      })
+  )
 
   it("KL in the reward subtracts coef · kl on loss tokens before the advantages", () => {
     // one sample per group with rloo would be 0; use reinforce++-free check: grpo with Dr.GRPO (no std) and 2 samples
