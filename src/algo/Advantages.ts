@@ -17,10 +17,11 @@
  * 6. Whitening (GAE, REINFORCE++) is global over the batch: unbiased masked variance, 1/√(var + 1e-8);
  *    it throws when fewer than two tokens are unmasked, as SkyRL's `masked_var` raises.
  */
+import type { advantageEstimators } from "../config/TrainerConfig.ts"
 import * as Matrix from "./Matrix.ts"
 
-/** SkyRL's `advantage_estimator` values. */
-export type Estimator = "grpo" | "rloo" | "reinforce++" | "gae" | "maxrl"
+/** SkyRL's `advantage_estimator` values: the config's list, so that a new estimator is accepted there too. */
+export type Estimator = (typeof advantageEstimators)[number]
 
 /** `[B][T]` advantages and returns. */
 export interface Result {

@@ -1,9 +1,12 @@
 import { Schema } from "effect"
 import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, withDefault } from "./Field.ts"
 
+/** SkyRL's `advantage_estimator` values: every estimator `Advantages.compute` dispatches on (its `Estimator` type). */
+export const advantageEstimators = ["grpo", "rloo", "reinforce++", "gae", "maxrl"] as const
+
 /** SkyRL's `trainer.algorithm` keys, same names and meanings. */
 export const AlgorithmConfig = Schema.Struct({
-  advantage_estimator: Schema.Literals(["grpo", "rloo", "reinforce++", "gae", "maxrl"]).pipe(withDefault("grpo")),
+  advantage_estimator: Schema.Literals(advantageEstimators).pipe(withDefault("grpo")),
   grpo_norm_by_std: Schema.Boolean.pipe(withDefault(true)), // false = Dr. GRPO
   advantage_batch_normalize: Schema.Boolean.pipe(withDefault(false)),
   gamma: Probability.pipe(withDefault(1)),
