@@ -133,7 +133,7 @@ export const make = (options: {
     return { dir, step }
   })
   const resolve = (which: string) =>
-    which === "latest" ? attempt(root, "read latest", () => latestIn(options.runDir)) : Effect.succeed(which)
+    which === "latest" ? Effect.promise(() => latestIn(options.runDir)) : Effect.succeed(which)
   const read = (dir: string) =>
     Effect.gen(function* () {
       const raw = yield* attempt(dir, "trainer_state.json", () =>
