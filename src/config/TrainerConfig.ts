@@ -52,10 +52,19 @@ export const OptimizerConfig = Schema.Struct({
 })
 export type OptimizerConfig = typeof OptimizerConfig.Type
 
+/** ExperienceReplay (trainer/ExperienceReplay.ts): rare successes kept per prompt and added to all-failed groups. */
+export const ExperienceReplayConfig = Schema.Struct({
+  enabled: Schema.Boolean.pipe(withDefault(false)),
+  success_threshold: Schema.Finite.pipe(withDefault(1)), // a sample with reward ≥ this is a success
+  max_prompts: PositiveInt.pipe(withDefault(256)) // buffer capacity in distinct prompts; the oldest entry goes first
+})
+export type ExperienceReplayConfig = typeof ExperienceReplayConfig.Type
+
 export const TrainerConfig = Schema.Struct({
   algorithm: AlgorithmConfig.pipe(withDefault({})),
   optimizer: OptimizerConfig.pipe(withDefault({})),
   critic_optimizer: OptimizerConfig.pipe(withDefault({ lr: 5e-6 })),
+  experience_replay: ExperienceReplayConfig.pipe(withDefault({})),
   train_batch_size: PositiveInt.pipe(withDefault(8)), // prompts (groups) per training step
   policy_mini_batch_size: PositiveInt.pipe(withDefault(8)), // prompts per optimizer step within a training step
   micro_train_batch_size: PositiveInt.pipe(withDefault(8)), // sequences per forward/backward (grad accumulation)

@@ -59,7 +59,9 @@ export const Trajectory = Schema.Struct({
   error: Schema.optionalKey(Schema.String),
   envMetrics: Schema.Record(Schema.String, Schema.Finite),
   // step-wise mode: one training row per turn (then responseIds holds only the generated tokens, all lossMask 1)
-  steps: Schema.optionalKey(Schema.Array(Step))
+  steps: Schema.optionalKey(Schema.Array(Step)),
+  // a success of an earlier step the trainer added to this group (ExperienceReplay); never in the episode log
+  replay: Schema.optionalKey(Schema.Boolean)
 })
 export type Trajectory = typeof Trajectory.Type
 

@@ -3,7 +3,8 @@
  *   - the policy as a HF directory (config.json, model.safetensors, tokenizer files): loadable by `model.path`,
  *     HF transformers or vLLM;
  *   - `optimizer.safetensors` (AdamW moments, names `m/<param>` and `v/<param>`);
- *   - `trainer_state.json` (step, policy version, optimizer step, KL coefficient, and the caller's data state:
+ *   - `trainer_state.json` (step, policy version, optimizer step, KL coefficient, ExperienceReplay's kept successes
+ *     when replay is on, and the caller's data state:
  *     cursor, consumed prompt uids, ...);
  *   - any extra files the caller passes (the async pipeline's `inflight.jsonl`).
  * The `latest` file (the directory name) is written last, by rename, so a crash mid-save leaves the previous
@@ -17,6 +18,7 @@ import * as Checkpoint from "../model/Checkpoint.ts"
 import * as Safetensors from "../model/Safetensors.ts"
 import type * as Transformer from "../model/Transformer.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import type * as ExperienceReplay from "../trainer/ExperienceReplay.ts"
 import type { TrainerState } from "../trainer/Trainer.ts"
 
 export interface Saved {
@@ -108,6 +110,7 @@ export const make = (options: {
       optimizerStep: trainer.optimizer.step,
       optimizerNames: trainer.optimizer.names,
       klCoef: trainer.klCoef,
+      ...(trainer.replay === undefined ? {} : { replay: trainer.replay }),
       data
     }
     yield* attempt(tmp, "trainer state", () =>
@@ -147,6 +150,7 @@ export const make = (options: {
             optimizerStep: number
             optimizerNames: Array<string>
             klCoef: number
+            replay?: Array<ExperienceReplay.Entry>
             data: Record<string, unknown>
           },
         catch: () => new CheckpointError({ path: dir, message: "trainer_state.json is not valid JSON" })
@@ -174,7 +178,13 @@ export const make = (options: {
       })
       const restored: Restored = {
         dir,
-        trainer: { step: state.step, version: state.version, optimizer, klCoef: state.klCoef },
+        trainer: {
+          step: state.step,
+          version: state.version,
+          optimizer,
+          klCoef: state.klCoef,
+          ...(state.replay === undefined ? {} : { replay: state.replay })
+        },
         data: state.data
       }
       return restored

@@ -18,6 +18,9 @@
  *    π_old = π_θ there and log π_old = sg(log π_θ) of the training forward itself (what SkyRL's one-epoch, one-mini-batch
  *    runs amount to). The pass runs for the other rows, before any update; epochs after the first reuse the detached
  *    values. Not with LoRA dropout (the training forward is then not π_old's).
+ * 5. `trainer.experience_replay`: ExperienceReplay adds a kept success to each all-failed group of a prompt it has
+ *    seen partly solved, before the batch is built; such rows train with π_rollout = π_old. The step's reward and
+ *    generation metrics describe the sampled groups only.
  *
  * A step is synchronous tfjs compute on the thread that also runs the agent loops (engine hand-offs, MCP tool calls):
  * it yields to the event loop (`Effect.yieldNow`, a `setImmediate`) before every forward pass and before the optimizer
@@ -39,6 +42,7 @@ import * as LogProbs from "../model/LogProbs.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as Critic from "./Critic.ts"
+import * as ExperienceReplay from "./ExperienceReplay.ts"
 import * as Optimizer from "./Optimizer.ts"
 import { PolicyModel } from "./PolicyModel.ts"
 import { type StepResult, Trainer, type TrainerState } from "./Trainer.ts"
@@ -144,6 +148,19 @@ export const microBatchGrads = (
         ) // [b, L]
         const oldLogProbs = input.old === "current" ? stopGradient(logprobs) : tf.tensor2d(rows(input.old)) // [b, L]
         if (input.old === "current" && input.readOld === true) old = oldLogProbs.arraySync()
+        // a replayed success is trained as if sampled now: its π_rollout is π_old (ExperienceReplay)
+        const sampled = tf.tensor2d(micro.rolloutLogProbs) // [b, L]
+        const rolloutLogProbs = micro.replayed.some((r) => r === 1)
+          ? tf.where(
+              tf.tensor2d(
+                micro.replayed.map((r) => new Array<boolean>(L).fill(r === 1)),
+                [micro.replayed.length, L],
+                "bool"
+              ),
+              oldLogProbs,
+              sampled
+            )
+          : sampled
         const out = PolicyLoss.loss(
           algo.policy_loss_type,
           {
@@ -151,7 +168,7 @@ export const microBatchGrads = (
             oldLogProbs,
             advantages: tf.tensor2d(micro.advantages),
             lossMask,
-            rolloutLogProbs: tf.tensor2d(micro.rolloutLogProbs)
+            rolloutLogProbs
           },
           lossConfig(options.trainer)
         )
@@ -229,6 +246,10 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
           (c) => Effect.sync(() => Critic.dispose(c))
         )
       : undefined
+  const replayConfig: ExperienceReplay.Config | undefined = t.experience_replay.enabled
+    ? { successThreshold: t.experience_replay.success_threshold, maxPrompts: t.experience_replay.max_prompts }
+    : undefined
+  let replayBuffer: ExperienceReplay.Buffer = new Map()
   const stepRef = yield* Ref.make(0)
   const versionRef = yield* Ref.make(PolicyVersion.initial)
   let klController: Kl.Controller =
@@ -339,10 +360,13 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   const updatesPerStep = () =>
     t.update_epochs_per_batch * Math.max(1, Math.ceil(t.train_batch_size / t.policy_mini_batch_size))
 
-  const step = Effect.fn("PolicyTrainer.step")(function* (groups: ReadonlyArray<TrajectoryGroup>) {
+  const step = Effect.fn("PolicyTrainer.step")(function* (sampled: ReadonlyArray<TrajectoryGroup>) {
     const started = yield* Clock.currentTimeMillis
     const stepIndex = (yield* Ref.get(stepRef)) + 1
-    const trajectories = groups.flatMap((g) => g.trajectories)
+    const trajectories = sampled.flatMap((g) => g.trajectories)
+    const replayed =
+      replayConfig === undefined ? undefined : ExperienceReplay.apply(replayBuffer, sampled, replayConfig)
+    const groups = replayed?.groups ?? sampled
     // GAE reads the critic's values on the batch's own layout: lay the batch out once, score it, then build it.
     const layout =
       critic === undefined ? undefined : TrainingBatch.build(groups, { ...batchOptions, estimator: "grpo" })
@@ -423,11 +447,11 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     for (const key of new Set(updates.flatMap((u) => Object.keys(u))))
       metrics[key] = mean(updates.map((u) => u[key] ?? 0))
     const rewards = trajectories.map((x) => x.reward)
-    const passed = groups.filter((g) => g.trajectories.some((x) => x.reward > 0)).length
+    const passed = sampled.filter((g) => g.trajectories.some((x) => x.reward > 0)).length
     const responseLengths = trajectories.map((x) => x.responseIds.length)
     Object.assign(metrics, {
       "reward/avg_raw_reward": mean(rewards),
-      "reward/avg_pass_at_n": groups.length === 0 ? 0 : passed / groups.length,
+      "reward/avg_pass_at_n": sampled.length === 0 ? 0 : passed / sampled.length,
       "generate/avg_num_tokens": mean(responseLengths),
       "generate/max_num_tokens": Math.max(0, ...responseLengths),
       "generate/avg_num_turns": mean(trajectories.map((x) => x.turns.length)),
@@ -439,6 +463,10 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
       "trainer/optimizer_updates": updates.length,
       "timing/train_step": ((yield* Clock.currentTimeMillis) - started) / 1000
     })
+    if (replayed !== undefined) {
+      metrics["replay/injected_groups"] = replayed.injected
+      metrics["replay/buffer_prompts"] = replayBuffer.size
+    }
     yield* Ref.set(stepRef, stepIndex)
     const result: StepResult = { step: stepIndex, version: yield* Ref.get(versionRef), metrics }
     return result
@@ -453,13 +481,15 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         step: yield* Ref.get(stepRef),
         version: yield* Ref.get(versionRef),
         optimizer: optimizer.state(),
-        klCoef: klController.value
+        klCoef: klController.value,
+        ...(replayConfig === undefined ? {} : { replay: ExperienceReplay.entries(replayBuffer) })
       }
       return state
     }),
     restore: (state) =>
       Effect.gen(function* () {
         optimizer.restore(state.optimizer)
+        replayBuffer = ExperienceReplay.fromEntries(state.replay ?? [])
         yield* Ref.set(stepRef, state.step)
         yield* Ref.set(versionRef, PolicyVersion.make(state.version))
       })

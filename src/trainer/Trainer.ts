@@ -7,6 +7,7 @@ import { Context, type Effect } from "effect"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import type * as ExperienceReplay from "./ExperienceReplay.ts"
 
 export interface StepResult {
   readonly step: number // training steps done, this one included
@@ -25,6 +26,8 @@ export interface TrainerState {
     readonly v: ReadonlyArray<Float32Array>
   }
   readonly klCoef: number
+  /** ExperienceReplay's buffer, oldest entry first; absent when replay is off */
+  readonly replay?: ReadonlyArray<ExperienceReplay.Entry>
 }
 
 export class Trainer extends Context.Service<

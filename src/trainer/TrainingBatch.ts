@@ -42,6 +42,7 @@ export interface Batch {
   readonly values: Array<Array<number>> // [B, L], V_old(s_t) the returns were computed with; 0 without a critic
   readonly rewards: Array<number> // [B], after the reward filters
   readonly promptUids: Array<string> // [B], the GRPO group of each row
+  readonly replayed: Array<number> // [B], 1 = an ExperienceReplay success (trained as if sampled now)
   readonly length: number // L
   readonly droppedGroups: number // by the zero-variance filter
 }
@@ -115,6 +116,7 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     readonly values: ReadonlyArray<number> // response-aligned
     readonly reward: number
     readonly uid: string
+    readonly replayed: number
   }
   const trainingRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {
     const reward = rewardOf(t, o)
@@ -129,7 +131,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
           returns: o.estimator === "gae" ? computed.returns[b]! : [],
           values: values?.[b] ?? [],
           reward,
-          uid
+          uid,
+          replayed: t.replay === true ? 1 : 0
         }
       ]
     }
@@ -145,7 +148,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
       returns: [],
       values: [],
       reward,
-      uid
+      uid,
+      replayed: t.replay === true ? 1 : 0
     }))
   })
   const length = Math.max(1, ...trainingRows.map((r) => r.prompt.length + r.response.length))
@@ -160,6 +164,7 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     values: [],
     rewards: trainingRows.map((r) => r.reward),
     promptUids: trainingRows.map((r) => r.uid),
+    replayed: trainingRows.map((r) => r.replayed),
     length,
     droppedGroups: groups.length - kept.length
   }
@@ -212,6 +217,7 @@ export const slice = (batch: Batch, from: number, to: number): Batch => {
     values: cut(batch.values),
     rewards: batch.rewards.slice(from, to),
     promptUids: batch.promptUids.slice(from, to),
+    replayed: batch.replayed.slice(from, to),
     length,
     droppedGroups: 0
   }
