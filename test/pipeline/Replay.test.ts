@@ -3,36 +3,12 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Schema } from "effect"
-import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import { type Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as Cli from "../fixtures/Cli.ts"
+import * as Trajectories from "../fixtures/Trajectories.ts"
 
-const trajectory = (uid: string, sample: number, response: ReadonlyArray<number>, reward: number): Trajectory => ({
-  id: `${uid}/${sample}`,
-  promptUid: uid,
-  sample,
-  promptIds: [258, 117, 10],
-  responseIds: [...response],
-  lossMask: response.map(() => 1 as const),
-  rolloutLogprobs: response.map(() => -5.7),
-  turns: [
-    {
-      start: 0,
-      end: response.length,
-      reward,
-      finishReason: "stop",
-      policyVersionFirst: PolicyVersion.initial,
-      policyVersionLast: PolicyVersion.initial,
-      toolCalls: [],
-      observationTokens: 0,
-      llmMs: 1,
-      envMs: 1
-    }
-  ],
-  reward,
-  stopReason: "stop",
-  envMetrics: {}
-})
+const trajectory = (uid: string, sample: number, response: ReadonlyArray<number>, reward: number): Trajectory =>
+  Trajectories.oneTurn({ uid, sample, prompt: [258, 117, 10], response, reward, rolloutLogprob: -5.7, ms: 1 })
 
 const encode = Schema.encodeSync(Schema.fromJsonString(TrajectoryGroup))
 

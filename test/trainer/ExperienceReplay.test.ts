@@ -5,7 +5,6 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
-import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
@@ -14,40 +13,17 @@ import * as ExperienceReplay from "../../src/trainer/ExperienceReplay.ts"
 import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../../src/trainer/PolicyTrainer.ts"
 import { Trainer } from "../../src/trainer/Trainer.ts"
+import * as Trajectories from "../fixtures/Trajectories.ts"
 
-/** A one-turn trajectory of prompt `prompt`: response `response`, reward `reward`. */
+/** A one-turn trajectory of prompt `prompt`; its behaviour log-probs are far from any policy's (a replay must not be
+ * weighed by them). */
 const trajectory = (
   uid: string,
   sample: number,
   prompt: ReadonlyArray<number>,
   response: ReadonlyArray<number>,
   reward: number
-): Trajectory => ({
-  id: `${uid}/${sample}`,
-  promptUid: uid,
-  sample,
-  promptIds: [...prompt],
-  responseIds: [...response],
-  lossMask: response.map(() => 1 as const),
-  rolloutLogprobs: response.map(() => -9), // far from any policy's: a replay must not be weighed by them
-  turns: [
-    {
-      start: 0,
-      end: response.length,
-      reward,
-      finishReason: "stop",
-      policyVersionFirst: PolicyVersion.initial,
-      policyVersionLast: PolicyVersion.initial,
-      toolCalls: [],
-      observationTokens: 0,
-      llmMs: 0,
-      envMs: 0
-    }
-  ],
-  reward,
-  stopReason: "stop",
-  envMetrics: {}
-})
+): Trajectory => Trajectories.oneTurn({ uid, sample, prompt, response, reward, rolloutLogprob: -9 })
 
 const good = [5, 6, 7]
 const bad = [9, 9, 9]

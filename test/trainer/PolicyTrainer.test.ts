@@ -3,7 +3,6 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect, Layer } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
-import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
@@ -11,6 +10,7 @@ import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../../src/trainer/PolicyTrainer.ts"
 import { Trainer } from "../../src/trainer/Trainer.ts"
 import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
+import * as Trajectories from "../fixtures/Trajectories.ts"
 
 const tinyInit = {
   architecture: "qwen3",
@@ -24,33 +24,9 @@ const tinyInit = {
   seed: 3
 }
 
-/** A one-turn trajectory: prompt [1, 2], response `response` (+ a masked observation token when `obs`). */
-const trajectory = (uid: string, sample: number, response: ReadonlyArray<number>, reward: number): Trajectory => ({
-  id: `${uid}/${sample}`,
-  promptUid: uid,
-  sample,
-  promptIds: [1, 2],
-  responseIds: [...response],
-  lossMask: response.map(() => 1 as const),
-  rolloutLogprobs: response.map(() => -Math.log(16)),
-  turns: [
-    {
-      start: 0,
-      end: response.length,
-      reward,
-      finishReason: "stop",
-      policyVersionFirst: PolicyVersion.initial,
-      policyVersionLast: PolicyVersion.initial,
-      toolCalls: [],
-      observationTokens: 0,
-      llmMs: 0,
-      envMs: 0
-    }
-  ],
-  reward,
-  stopReason: "stop",
-  envMetrics: {}
-})
+/** A one-turn trajectory: prompt [1, 2], response `response`, behaviour log-prob −log 16 per token. */
+const trajectory = (uid: string, sample: number, response: ReadonlyArray<number>, reward: number): Trajectory =>
+  Trajectories.oneTurn({ uid, sample, prompt: [1, 2], response, reward, rolloutLogprob: -Math.log(16) })
 
 // Each prompt: the "good" answer [5, 6, 7] earns 1, the "bad" answer [9, 9, 9] earns 0.
 const groups = (n: number): Array<TrajectoryGroup> =>

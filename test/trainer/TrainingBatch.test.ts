@@ -1,22 +1,11 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
-import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import type { StopReason, Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
+import * as Trajectories from "../fixtures/Trajectories.ts"
 
-const turn = (start: number, end: number, reward: number) => ({
-  start,
-  end,
-  reward,
-  finishReason: "stop" as const,
-  policyVersionFirst: PolicyVersion.initial,
-  policyVersionLast: PolicyVersion.initial,
-  toolCalls: [],
-  observationTokens: 0,
-  llmMs: 0,
-  envMs: 0
-})
+const turn = Trajectories.turn
 
 // prompt [1, 2]; response: 2 sampled, 1 tool-output, 1 sampled → mask [1, 1, 0, 1]
 const trajectory = (uid: string, sample: number, reward: number, stopReason: StopReason = "stop"): Trajectory => ({
