@@ -2,17 +2,15 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, Layer } from "effect"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
+import { Effect } from "effect"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as ExperienceReplay from "../../src/trainer/ExperienceReplay.ts"
 import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
-import * as PolicyTrainer from "../../src/trainer/PolicyTrainer.ts"
 import { Trainer } from "../../src/trainer/Trainer.ts"
+import * as TinyPolicy from "../fixtures/TinyPolicy.ts"
 import * as Trajectories from "../fixtures/Trajectories.ts"
 
 /** A one-turn trajectory of prompt `prompt`; its behaviour log-probs are far from any policy's (a replay must not be
@@ -97,22 +95,9 @@ describe("ExperienceReplay.apply", () => {
   })
 })
 
-const tinyInit = {
-  architecture: "qwen3",
-  vocab_size: 16,
-  hidden_size: 16,
-  intermediate_size: 32,
-  num_hidden_layers: 1,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  seed: 3
-}
-
 const setup = (replay: boolean) =>
-  Effect.gen(function* () {
-    yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
-    const config = yield* RunConfigLoader.fromObject({ model: { init: tinyInit }, tokenizer: { kind: "byte" } }, [
+  TinyPolicy.trainer(
+    [
       "trainer.train_batch_size=1",
       "trainer.policy_mini_batch_size=1",
       "trainer.micro_train_batch_size=8",
@@ -121,18 +106,9 @@ const setup = (replay: boolean) =>
       "trainer.algorithm.advantage_estimator=maxrl",
       "trainer.algorithm.off_policy_correction=token",
       `trainer.experience_replay.enabled=${replay}`
-    ])
-    const options: PolicyTrainer.Options = {
-      trainer: config.trainer,
-      samplesPerPrompt: 4,
-      temperature: 1,
-      totalSteps: 10,
-      zeroRewardOnNonStop: false,
-      overlongFiltering: true,
-      zeroVarianceFilter: true
-    }
-    return { config, layer: PolicyTrainer.layer(options).pipe(Layer.provideMerge(PolicyModel.layer(config.model))) }
-  })
+    ],
+    { zeroVarianceFilter: true }
+  )
 
 const goodLogProb = (model: PolicyModel.PolicyModel["Service"]["model"]) =>
   LogProbs.ofIds(model, [1, 2, ...good])

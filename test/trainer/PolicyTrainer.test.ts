@@ -1,7 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
-import { Effect, Layer } from "effect"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import { Effect } from "effect"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
@@ -10,19 +9,10 @@ import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../../src/trainer/PolicyTrainer.ts"
 import { Trainer } from "../../src/trainer/Trainer.ts"
 import * as TrainingBatch from "../../src/trainer/TrainingBatch.ts"
+import * as TinyPolicy from "../fixtures/TinyPolicy.ts"
 import * as Trajectories from "../fixtures/Trajectories.ts"
 
-const tinyInit = {
-  architecture: "qwen3",
-  vocab_size: 16,
-  hidden_size: 16,
-  intermediate_size: 32,
-  num_hidden_layers: 1,
-  num_attention_heads: 2,
-  num_key_value_heads: 1,
-  head_dim: 8,
-  seed: 3
-}
+const tinyInit = TinyPolicy.tinyInit
 
 /** A one-turn trajectory: prompt [1, 2], response `response`, behaviour log-prob −log 16 per token. */
 const trajectory = (uid: string, sample: number, response: ReadonlyArray<number>, reward: number): Trajectory =>
@@ -54,27 +44,17 @@ const offPolicy = (gs: Array<TrajectoryGroup>): Array<TrajectoryGroup> =>
   }))
 
 const setup = (overrides: ReadonlyArray<string> = []) =>
-  Effect.gen(function* () {
-    yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
-    const config = yield* RunConfigLoader.fromObject({ model: { init: tinyInit }, tokenizer: { kind: "byte" } }, [
+  Effect.map(
+    TinyPolicy.trainer([
       "trainer.train_batch_size=2",
       "trainer.policy_mini_batch_size=1",
       "trainer.micro_train_batch_size=3",
       "trainer.optimizer.lr=0.01",
       "trainer.optimizer.weight_decay=0",
       ...overrides
-    ])
-    const options: PolicyTrainer.Options = {
-      trainer: config.trainer,
-      samplesPerPrompt: 4,
-      temperature: 1,
-      totalSteps: 10,
-      zeroRewardOnNonStop: false,
-      overlongFiltering: true,
-      zeroVarianceFilter: false
-    }
-    return PolicyTrainer.layer(options).pipe(Layer.provideMerge(PolicyModel.layer(config.model)))
-  })
+    ]),
+    (x) => x.layer
+  )
 
 const sequenceLogProb = (model: PolicyModel.PolicyModel["Service"]["model"], response: ReadonlyArray<number>) =>
   LogProbs.ofIds(model, [1, 2, ...response])
