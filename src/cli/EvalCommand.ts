@@ -37,7 +37,7 @@ export const command = Command.make(
     if (config.data.val.length === 0) {
       return yield* new ConfigError({ file, path: "data.val", message: "data.val: no held-out files to evaluate on" })
     }
-    const val = yield* readRows(config.data.val, config.data.max_eval_prompts)
+    const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
     const { report, groups } = yield* Evaluator.run(val, {
       samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
       temperature: config.generator.eval_sampling.temperature,

@@ -24,9 +24,25 @@ import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 
-/** Read every row of the configured files (`data.max_prompts` caps the training set). */
-export const readRows = (files: ReadonlyArray<string>, max?: number) =>
-  Dataset.readAll(files).pipe(max === undefined ? (s) => s : Stream.take(max), Stream.runCollect)
+/**
+ * The rows of `files` that `include` keeps (`data.include`), the first `max` of them (`data.max_prompts`,
+ * `data.max_eval_prompts`). A filter that keeps none of a non-empty set is a config error.
+ */
+export const readRows = Effect.fn("cli.readRows")(function* (
+  files: ReadonlyArray<string>,
+  max?: number,
+  include?: Dataset.Include
+) {
+  const all = yield* Stream.runCollect(Dataset.readAll(files))
+  const kept = include === undefined ? all : all.filter(Dataset.isIncluded(include))
+  if (kept.length === 0 && all.length > 0) {
+    return yield* new ConfigError({
+      path: "data.include",
+      message: `data.include ${JSON.stringify(include)} keeps none of the ${all.length} rows of ${files.join(", ")}`
+    })
+  }
+  return max === undefined ? kept : kept.slice(0, max)
+})
 
 /** `latest` → the directory `<run dir>/checkpoints/latest` names (undefined when there is none); a path → itself. */
 export const resolveResume = (runDir: string, which: string) =>
@@ -92,8 +108,8 @@ export const command = Command.make(
     if (config.data.train.length === 0) {
       return yield* new ConfigError({ file, path: "data.train", message: "data.train: no training files given" })
     }
-    const train = yield* readRows(config.data.train, config.data.max_prompts)
-    const val = yield* readRows(config.data.val, config.data.max_eval_prompts)
+    const train = yield* readRows(config.data.train, config.data.max_prompts, config.data.include)
+    const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
     const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
     if (resume !== undefined && resumeFrom === undefined)
       yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)

@@ -21,6 +21,11 @@ export const DataConfig = Schema.Struct({
   train: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])), // .json, .jsonl or .parquet files
   val: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])),
   shuffle: Schema.Boolean.pipe(withDefault(true)),
+  // keep only the rows whose extra_info.<key> is one of the values (all keys must match), e.g. {family: [unit_sum]};
+  // applied to train and val before max_prompts / max_eval_prompts
+  include: Schema.optionalKey(
+    Schema.Record(Schema.NonEmptyString, Schema.Array(Schema.Union([Schema.String, Schema.Number, Schema.Boolean])))
+  ),
   max_prompts: Schema.optionalKey(PositiveInt), // use only the first N training prompts
   max_eval_prompts: Schema.optionalKey(PositiveInt) // evaluate on the first N held-out prompts
 })

@@ -185,3 +185,17 @@ export const readAll = (
   files: ReadonlyArray<string>
 ): Stream.Stream<PromptRow, DatasetError, FileSystem.FileSystem | Path.Path> =>
   Stream.fromIterable(files).pipe(Stream.flatMap((file) => read(file).pipe(Stream.map(({ row }) => row))))
+
+/** `data.include`: per `extra_info` key, the values a row may have there. */
+export type Include = Readonly<Record<string, ReadonlyArray<string | number | boolean>>>
+
+/** Whether the row's `extra_info` has, for every key of `include`, one of that key's values. */
+export const isIncluded =
+  (include: Include) =>
+  (row: PromptRow): boolean =>
+    Object.entries(include).every(([key, values]) => {
+      const value = row.extra_info?.[key]
+      return (
+        (typeof value === "string" || typeof value === "number" || typeof value === "boolean") && values.includes(value)
+      )
+    })

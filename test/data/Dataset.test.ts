@@ -1,7 +1,8 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem, Stream } from "effect"
+import { Effect, FileSystem, type Path, Stream } from "effect"
 import { parquetWriteFile } from "hyparquet-writer"
+import { readRows } from "../../src/cli/TrainCommand.ts"
 import * as Dataset from "../../src/data/Dataset.ts"
 
 const row = (i: number) => ({
@@ -16,7 +17,9 @@ const row = (i: number) => ({
   difficulty: "easy"
 })
 
-const withTempDir = <A, E>(f: (dir: string, fs: FileSystem.FileSystem) => Effect.Effect<A, E, FileSystem.FileSystem>) =>
+const withTempDir = <A, E>(
+  f: (dir: string, fs: FileSystem.FileSystem) => Effect.Effect<A, E, FileSystem.FileSystem | Path.Path>
+) =>
   Effect.gen(function* () {
     const fs = yield* FileSystem.FileSystem
     const dir = yield* fs.makeTempDirectoryScoped()
@@ -145,5 +148,39 @@ describe("Dataset.read", () => {
       const error = yield* collect("rows.csv").pipe(Effect.flip)
       assert.include(error.message, "expected .json, .jsonl or .parquet")
     })
+  )
+})
+
+describe("data.include", () => {
+  // rows 1..6: extra_info {index: i, family: a|b|c in turn}
+  const familyRow = (i: number) => ({ ...row(i), extra_info: { index: i, family: ["a", "b", "c"][i % 3] } })
+  const writeRows = (file: string, fs: FileSystem.FileSystem) =>
+    fs.writeFileString(file, [1, 2, 3, 4, 5, 6].map((i) => JSON.stringify(familyRow(i))).join("\n"))
+
+  it.effect("keeps the rows whose extra_info values are listed, before max_prompts takes the first N", () =>
+    withTempDir((dir, fs) =>
+      Effect.gen(function* () {
+        const file = `${dir}/rows.jsonl`
+        yield* writeRows(file, fs)
+        const index = (rows: ReadonlyArray<{ readonly extra_info?: Record<string, unknown> }>) =>
+          rows.map((r) => r.extra_info?.["index"])
+        assert.deepStrictEqual(index(yield* readRows([file], undefined, { family: ["a", "c"] })), [2, 3, 5, 6])
+        assert.deepStrictEqual(index(yield* readRows([file], 3, { family: ["a", "c"] })), [2, 3, 5])
+        assert.deepStrictEqual(index(yield* readRows([file], undefined, { family: ["c"], index: [4, 5] })), [5])
+        assert.deepStrictEqual(index(yield* readRows([file], 2)), [1, 2])
+      })
+    )
+  )
+
+  it.effect("fails naming data.include and the files when it keeps no row", () =>
+    withTempDir((dir, fs) =>
+      Effect.gen(function* () {
+        const file = `${dir}/rows.jsonl`
+        yield* writeRows(file, fs)
+        const error = yield* readRows([file], undefined, { family: ["unit_sum"] }).pipe(Effect.flip)
+        assert.strictEqual(error._tag, "ConfigError")
+        assert.include(error.message, `data.include {"family":["unit_sum"]} keeps none of the 6 rows of ${file}`)
+      })
+    )
   )
 })
