@@ -1,6 +1,7 @@
 /**
  * `eval --config FILE [--model DIR] [key.path=value ...]`: score a policy on the held-out data (`data.val`) with the
- * eval sampling settings. Prints per-source lines and, as the last stdout line, the JSON report
+ * eval sampling settings. `--model` takes a checkpoint directory, a run directory (its latest checkpoint) or a
+ * `checkpoints/latest` pointer file. `trainer.eval_group_by: KEY` adds a line per value of the rows' `extra_info.KEY`. Prints per-source lines and, as the last stdout line, the JSON report
  * `{"event":"eval","report":{"<source>":{"avg_score":…,"pass_at_n":…,"prompts":…},"all":{…}}}`.
  * `--episodes-dir DIR` also writes every eval trajectory group to `DIR/episodes.jsonl` (the run directory's episode
  * format, so `report` and the trajectory viewer read it), to see what the policy does on each held-out task.
@@ -10,6 +11,7 @@ import { Command, Flag } from "effect/cli"
 import * as RunLayers from "../../layers/RunLayers.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as Evaluator from "../pipeline/Evaluator.ts"
+import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 import { readRows } from "./TrainCommand.ts"
@@ -19,7 +21,9 @@ export const command = Command.make(
   {
     config: RunFlags.config,
     model: Flag.String("model").pipe(
-      Flag.withDescription("A checkpoint directory to evaluate instead of model.*"),
+      Flag.withDescription(
+        "A model to evaluate instead of model.*: a checkpoint directory, a run directory (its latest checkpoint) or a checkpoints/latest file"
+      ),
       Flag.optional
     ),
     episodesDir: Flag.String("episodes-dir").pipe(
@@ -30,22 +34,26 @@ export const command = Command.make(
   },
   Effect.fn("cli.eval")(function* ({ config: file, model, episodesDir, overrides }) {
     const loaded = yield* RunFlags.load(file, overrides)
-    const config = Option.match(model, {
-      onNone: () => loaded,
-      onSome: (dir) => ({ ...loaded, model: { path: dir, lora: loaded.model.lora } })
-    })
+    const modelDir = Option.isNone(model)
+      ? undefined
+      : yield* Effect.promise(() => Checkpointer.resolveModelDir(model.value))
+    const config = modelDir === undefined ? loaded : { ...loaded, model: { path: modelDir, lora: loaded.model.lora } }
     if (config.data.val.length === 0) {
       return yield* new ConfigError({ file, path: "data.val", message: "data.val: no held-out files to evaluate on" })
     }
     const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
-    const { report, groups } = yield* Evaluator.run(val, {
-      samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
-      temperature: config.generator.eval_sampling.temperature,
-      topP: config.generator.eval_sampling.top_p,
-      topK: config.generator.eval_sampling.top_k,
-      stopStrings: config.generator.eval_sampling.stop,
-      unordered: false
-    }).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
+    const { report, groups } = yield* Evaluator.run(
+      val,
+      {
+        samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
+        temperature: config.generator.eval_sampling.temperature,
+        topP: config.generator.eval_sampling.top_p,
+        topK: config.generator.eval_sampling.top_k,
+        stopStrings: config.generator.eval_sampling.stop,
+        unordered: false
+      },
+      config.trainer.eval_group_by
+    ).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
     if (Option.isSome(episodesDir)) {
       const file = yield* Effect.scoped(
         Effect.gen(function* () {

@@ -79,6 +79,9 @@ export const TrainerConfig = Schema.Struct({
   ref_update_interval: PositiveInt.pipe(withDefault(1)),
   eval_interval: NonNegativeInt.pipe(withDefault(0)), // 0 = only before and after training
   eval_before_train: Schema.Boolean.pipe(withDefault(true)),
+  // an extra_info key (e.g. family): each eval also scores the held-out rows of every value of that key on its own,
+  // as eval/<data_source>/<key>=<value>/avg_score and pass_at_n
+  eval_group_by: Schema.optionalKey(Schema.NonEmptyString),
   seed: NonNegativeInt.pipe(withDefault(42))
 }).check(
   Schema.makeFilter(

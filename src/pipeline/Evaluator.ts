@@ -3,7 +3,8 @@
  * sampling settings (greedy by default), scored by the environment's reward.
  *   eval/<data_source>/avg_score  = mean reward over all samples of that source
  *   eval/<data_source>/pass_at_n  = share of prompts with at least one sample scoring > 0 (SkyRL's definition)
- * plus the same over every source as `all`.
+ * plus the same over every source as `all`. With `trainer.eval_group_by: KEY`, also per value of the rows'
+ * `extra_info.KEY` within each source: `eval/<data_source>/KEY=<value>/…` (e.g. the toolbox tasks per family).
  */
 import { Effect, Stream } from "effect"
 import type { PromptRow } from "../domain/PromptRow.ts"
@@ -18,9 +19,25 @@ export interface Score {
 
 export type Report = Readonly<Record<string, Score>> // by data source, and "all"
 
-export const score = (groups: ReadonlyArray<TrajectoryGroup>): Report => {
+/**
+ * Scores by data source, by `<source>/<key>=<value>` where `subgroup` names one for a group (sorted), and `all`.
+ */
+export const score = (
+  groups: ReadonlyArray<TrajectoryGroup>,
+  subgroup: (group: TrajectoryGroup) => string | undefined = () => undefined
+): Report => {
   const bySource = new Map<string, Array<TrajectoryGroup>>()
-  for (const g of groups) bySource.set(g.dataSource, [...(bySource.get(g.dataSource) ?? []), g])
+  const bySubgroup = new Map<string, Array<TrajectoryGroup>>()
+  const add = (map: Map<string, Array<TrajectoryGroup>>, key: string, g: TrajectoryGroup) => {
+    const list = map.get(key)
+    if (list === undefined) map.set(key, [g])
+    else list.push(g)
+  }
+  for (const g of groups) {
+    add(bySource, g.dataSource, g)
+    const sub = subgroup(g)
+    if (sub !== undefined) add(bySubgroup, `${g.dataSource}/${sub}`, g)
+  }
   const of = (gs: ReadonlyArray<TrajectoryGroup>): Score => {
     const rewards = gs.flatMap((g) => g.trajectories.map((t) => t.reward))
     return {
@@ -29,7 +46,19 @@ export const score = (groups: ReadonlyArray<TrajectoryGroup>): Report => {
       prompts: gs.length
     }
   }
-  return Object.fromEntries([...[...bySource].map(([source, gs]) => [source, of(gs)] as const), ["all", of(groups)]])
+  const subgroups = [...bySubgroup].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+  return Object.fromEntries([
+    ...[...bySource, ...subgroups].map(([key, gs]) => [key, of(gs)] as const),
+    ["all", of(groups)]
+  ])
+}
+
+/** `KEY=<value>` for a row whose `extra_info.KEY` is a string, number or boolean; otherwise undefined. */
+export const subgroupOf = (row: PromptRow | undefined, key: string): string | undefined => {
+  const value = row?.extra_info?.[key]
+  return typeof value === "string" || typeof value === "number" || typeof value === "boolean"
+    ? `${key}=${value}`
+    : undefined
 }
 
 /** Flatten a report into metric keys: `eval/<source>/avg_score`, `eval/<source>/pass_at_n`. */
@@ -41,13 +70,16 @@ export const metrics = (report: Report): Record<string, number> =>
     ])
   )
 
+/** Roll out every row and score the groups (`groupBy`: an `extra_info` key to score per value as well). */
 export const run = Effect.fn("Evaluator.run")(function* (
   rows: ReadonlyArray<PromptRow>,
-  overrides: Partial<GeneratorOptions>
+  overrides: Partial<GeneratorOptions>,
+  groupBy?: string
 ) {
   const generator = yield* Generator
   const groups = yield* Stream.runCollect(
     generator.rollouts(Stream.fromIterable(rows.map((row, cursor) => ({ row, cursor }))), overrides)
   )
-  return { report: score(groups), groups }
+  const subgroup = groupBy === undefined ? undefined : (g: TrajectoryGroup) => subgroupOf(rows[g.cursor], groupBy)
+  return { report: score(groups, subgroup), groups }
 })

@@ -66,7 +66,11 @@ export const evaluation = (config: RunConfig, val: ReadonlyArray<PromptRow>) => 
       if (val.length === 0) return undefined
       const metrics = yield* Metrics
       const t0 = yield* Clock.currentTimeMillis
-      const { report } = yield* Evaluator.run(val, { ...evalOptions, seed: config.generator.seed + 7919 * step })
+      const { report } = yield* Evaluator.run(
+        val,
+        { ...evalOptions, seed: config.generator.seed + 7919 * step },
+        config.trainer.eval_group_by
+      )
       const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
       yield* metrics.record("eval", step, { ...Evaluator.metrics(report), "timing/eval": seconds })
       const all = report["all"]!

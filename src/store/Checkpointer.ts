@@ -71,6 +71,25 @@ export const latestIn = async (runDir: string): Promise<string | undefined> => {
   }
 }
 
+/**
+ * The checkpoint directory a user means by `p`: a run directory → its latest checkpoint; a `checkpoints/latest`
+ * pointer file → the checkpoint it names; anything else → `p` itself (read as a model directory).
+ */
+export const resolveModelDir = async (p: string): Promise<string> => {
+  const stat = await fs.stat(p).catch(() => undefined)
+  if (stat?.isFile() === true && path.basename(p) === "latest") {
+    return path.join(path.dirname(p), (await fs.readFile(p, "utf8")).trim())
+  }
+  if (stat?.isDirectory() === true) {
+    const hasConfig = await fs.access(path.join(p, "config.json")).then(
+      () => true,
+      () => false
+    )
+    if (!hasConfig) return (await latestIn(p)) ?? p
+  }
+  return p
+}
+
 export const make = (options: {
   readonly runDir: string
   readonly keepN: number

@@ -50,6 +50,10 @@ describe("Report.write", () => {
         header,
         /<td>toolbox<\/td><td>0\.250 <span class="arrow up">→<\/span> 0\.750<\/td><td>0\.500 <span class="arrow up">→<\/span> 1<\/td>/
       )
+      assert.match(
+        header,
+        /<td>toolbox\/family=date_span<\/td><td>0 <span class="arrow up">→<\/span> 0\.500<\/td><td>0 <span class="arrow up">→<\/span> 1<\/td>/
+      )
       assert.include(header, "step 0 → step 60")
 
       const data = embedded(html)

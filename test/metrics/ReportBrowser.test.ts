@@ -98,11 +98,21 @@ describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
         })
         assert.deepStrictEqual(report.errors, [])
 
-        // 15 fixed charts (staleness included: the run recorded async/staleness_*) + the metric explorer's
+        // 16 fixed charts (the optional ones included: the run recorded async/staleness_* and per-family evals) + the
+        // metric explorer's
         const titles = report.charts.map((c) => c.title)
-        assert.strictEqual(report.charts.length, 16, titles.join(", "))
+        assert.strictEqual(report.charts.length, 17, titles.join(", "))
         assert.include(titles, "Staleness (policy versions behind)")
-        assert.include(titles, "Held-out success (eval avg_score, pass@n)")
+        const heldOut = report.charts.find((c) => c.title === "Held-out success (eval avg_score, pass@n)")
+        assert.deepStrictEqual(
+          heldOut?.series.map((s) => s.key),
+          ["eval/all/avg_score", "eval/all/pass_at_n", "eval/toolbox/avg_score", "eval/toolbox/pass_at_n"]
+        )
+        const perGroup = report.charts.find((c) => c.title === "Held-out avg_score per group")
+        assert.deepStrictEqual(
+          perGroup?.series.map((s) => s.key),
+          ["eval/toolbox/family=date_span/avg_score", "eval/toolbox/family=unit_sum/avg_score"]
+        )
         for (const chart of report.charts) {
           assert.isAbove(chart.width, 200, chart.title)
           assert.isAbove(chart.height, 100, chart.title)
@@ -120,7 +130,7 @@ describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
             cs.map((c) => c.getBoundingClientRect().width * c.getBoundingClientRect().height)
           )
         )
-        assert.strictEqual(canvases.length, 16)
+        assert.strictEqual(canvases.length, 17)
         for (const area of canvases) assert.isAbove(area, 0)
 
         // the viewer: step 60, second group → 4 samples × 2 turns, the tool call with its result as text

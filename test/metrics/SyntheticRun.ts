@@ -112,6 +112,11 @@ export const write = (runDir: string, steps: number) =>
     yield* metrics.record("eval", 0, {
       "eval/toolbox/avg_score": 0.25,
       "eval/toolbox/pass_at_n": 0.5,
+      // trainer.eval_group_by: family
+      "eval/toolbox/family=unit_sum/avg_score": 0.5,
+      "eval/toolbox/family=unit_sum/pass_at_n": 1,
+      "eval/toolbox/family=date_span/avg_score": 0,
+      "eval/toolbox/family=date_span/pass_at_n": 0,
       "eval/all/avg_score": 0.25,
       "eval/all/pass_at_n": 0.5
     })
@@ -141,6 +146,10 @@ export const write = (runDir: string, steps: number) =>
     yield* metrics.record("eval", steps, {
       "eval/toolbox/avg_score": 0.75,
       "eval/toolbox/pass_at_n": 1,
+      "eval/toolbox/family=unit_sum/avg_score": 1,
+      "eval/toolbox/family=unit_sum/pass_at_n": 1,
+      "eval/toolbox/family=date_span/avg_score": 0.5,
+      "eval/toolbox/family=date_span/pass_at_n": 1,
       "eval/all/avg_score": 0.75,
       "eval/all/pass_at_n": 1
     })

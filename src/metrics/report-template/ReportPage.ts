@@ -154,7 +154,9 @@ const script = String.raw`
   var CHARTS = [
     { title: "Reward (mean over training trajectories)", keys: ["reward/avg_raw_reward"] },
     { title: "pass@n (training groups)", keys: ["reward/avg_pass_at_n"] },
-    { title: "Held-out success (eval avg_score, pass@n)", source: "eval", match: /^eval\/.+\/(avg_score|pass_at_n)$/ },
+    { title: "Held-out success (eval avg_score, pass@n)", source: "eval", match: /^eval\/[^=]+\/(avg_score|pass_at_n)$/ },
+    // trainer.eval_group_by: one line per value of the key (e.g. per toolbox family)
+    { title: "Held-out avg_score per group", source: "eval", match: /^eval\/.+=.+\/avg_score$/, optional: true },
     { title: "KL (approx., policy vs behaviour)", match: /(^|\/)(approx_kl|kl|kl_[a-z_]+)$/ },
     { title: "Entropy", match: /entropy/ },
     { title: "Response length (tokens)", keys: ["generate/avg_num_tokens", "generate/max_num_tokens"] },
