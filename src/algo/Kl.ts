@@ -12,11 +12,12 @@
  * never leaks; kept positions are scaled by the (possibly soft) mask value, as in SkyRL.
  */
 import * as tf from "@tensorflow/tfjs"
+import type { klEstimators } from "../config/TrainerConfig.ts"
 import * as Matrix from "./Matrix.ts"
 import * as Reduction from "./Reduction.ts"
 
-/** SkyRL's `kl_estimator_type` values. */
-export type Estimator = "k1" | "k2" | "k3" | "abs"
+/** SkyRL's `kl_estimator_type` values (one list, in the config schema). */
+export type Estimator = (typeof klEstimators)[number]
 
 /** Per-token KL estimate of π_θ ‖ π_ref. logProbs, refLogProbs, mask: [B, T] → [B, T]. */
 export const approx = (

@@ -4,6 +4,9 @@ import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, withDe
 /** SkyRL's `advantage_estimator` values: every estimator `Advantages.compute` dispatches on (its `Estimator` type). */
 export const advantageEstimators = ["grpo", "rloo", "reinforce++", "gae", "maxrl"] as const
 
+/** SkyRL's `kl_estimator_type` values: every estimator `Kl.approx` dispatches on (its `Estimator` type). */
+export const klEstimators = ["k1", "k2", "k3", "abs"] as const
+
 /** SkyRL's `trainer.algorithm` keys, same names and meanings. */
 export const AlgorithmConfig = Schema.Struct({
   advantage_estimator: Schema.Literals(advantageEstimators).pipe(withDefault("grpo")),
@@ -31,7 +34,7 @@ export const AlgorithmConfig = Schema.Struct({
   kl_ctrl: Schema.Literals(["fixed", "adaptive"]).pipe(withDefault("fixed")),
   kl_target: Positive.pipe(withDefault(0.1)),
   kl_horizon: PositiveInt.pipe(withDefault(10000)),
-  kl_estimator_type: Schema.Literals(["k1", "k2", "k3", "abs"]).pipe(withDefault("k3")),
+  kl_estimator_type: Schema.Literals(klEstimators).pipe(withDefault("k3")),
   use_entropy_loss: Schema.Boolean.pipe(withDefault(false)),
   entropy_loss_coef: NonNegative.pipe(withDefault(0.01)),
   off_policy_correction: Schema.Literals(["none", "token", "sequence"]).pipe(withDefault("token")), // TIS level

@@ -61,15 +61,17 @@ const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
 /** The directory under a run directory that holds the step checkpoints and the `latest` pointer. */
 export const dirName = "checkpoints"
 
-/** The checkpoint directory `<runDir>/checkpoints/latest` names; undefined when there is none yet. */
-export const latestIn = async (runDir: string): Promise<string | undefined> => {
-  const root = path.join(runDir, dirName)
-  try {
-    return path.join(root, (await fs.readFile(path.join(root, "latest"), "utf8")).trim())
-  } catch {
-    return undefined
-  }
+/** The checkpoint a `latest` pointer file names (beside it); undefined when it is missing, unreadable or empty. */
+const pointedBy = async (pointer: string): Promise<string | undefined> => {
+  const name = await fs.readFile(pointer, "utf8").then(
+    (text) => text.trim(),
+    () => ""
+  )
+  return name === "" ? undefined : path.join(path.dirname(pointer), name)
 }
+
+/** The checkpoint directory `<runDir>/checkpoints/latest` names; undefined when there is none yet. */
+export const latestIn = (runDir: string): Promise<string | undefined> => pointedBy(path.join(runDir, dirName, "latest"))
 
 /**
  * The checkpoint directory a user means by `p`: a run directory → its latest checkpoint; a `checkpoints/latest`
@@ -77,9 +79,7 @@ export const latestIn = async (runDir: string): Promise<string | undefined> => {
  */
 export const resolveModelDir = async (p: string): Promise<string> => {
   const stat = await fs.stat(p).catch(() => undefined)
-  if (stat?.isFile() === true && path.basename(p) === "latest") {
-    return path.join(path.dirname(p), (await fs.readFile(p, "utf8")).trim())
-  }
+  if (stat?.isFile() === true && path.basename(p) === "latest") return (await pointedBy(p)) ?? p
   if (stat?.isDirectory() === true) {
     const hasConfig = await fs.access(path.join(p, "config.json")).then(
       () => true,

@@ -24,4 +24,12 @@ describe("Checkpointer.resolveModelDir", () => {
     assert.strictEqual(await Checkpointer.resolveModelDir(join(run, "nowhere")), join(run, "nowhere"))
     assert.strictEqual(await Checkpointer.resolveModelDir(checkpoints), checkpoints)
   })
+
+  it("takes an empty latest pointer (a run that has not checkpointed yet) as no checkpoint", async () => {
+    const fresh = mkdtempSync(join(tmpdir(), "effect-rl-resolve-"))
+    mkdirSync(join(fresh, "checkpoints"))
+    writeFileSync(join(fresh, "checkpoints", "latest"), "\n")
+    assert.strictEqual(await Checkpointer.latestIn(fresh), undefined)
+    assert.strictEqual(await Checkpointer.resolveModelDir(fresh), fresh)
+  })
 })
