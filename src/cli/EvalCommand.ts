@@ -44,14 +44,7 @@ export const command = Command.make(
     const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
     const { report, groups } = yield* Evaluator.run(
       val,
-      {
-        samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
-        temperature: config.generator.eval_sampling.temperature,
-        topP: config.generator.eval_sampling.top_p,
-        topK: config.generator.eval_sampling.top_k,
-        stopStrings: config.generator.eval_sampling.stop,
-        unordered: false
-      },
+      Evaluator.optionsOf(config),
       config.trainer.eval_group_by
     ).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
     if (Option.isSome(episodesDir)) {

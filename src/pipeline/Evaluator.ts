@@ -7,6 +7,7 @@
  * `extra_info.KEY` within each source: `eval/<data_source>/KEY=<value>/…` (e.g. the toolbox tasks per family).
  */
 import { Effect, Stream } from "effect"
+import type { RunConfig } from "../config/RunConfig.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import { Generator, type GeneratorOptions } from "../generator/Generator.ts"
@@ -69,6 +70,16 @@ export const metrics = (report: Report): Record<string, number> =>
       [`eval/${source}/pass_at_n`, s.pass_at_n]
     ])
   )
+
+/** The generator settings of an eval: `generator.eval_n_samples_per_prompt` and `generator.eval_sampling`. */
+export const optionsOf = (config: RunConfig): Partial<GeneratorOptions> => ({
+  samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
+  temperature: config.generator.eval_sampling.temperature,
+  topP: config.generator.eval_sampling.top_p,
+  topK: config.generator.eval_sampling.top_k,
+  stopStrings: config.generator.eval_sampling.stop,
+  unordered: false
+})
 
 /** Roll out every row and score the groups (`groupBy`: an `extra_info` key to score per value as well). */
 export const run = Effect.fn("Evaluator.run")(function* (

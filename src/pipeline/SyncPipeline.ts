@@ -53,14 +53,7 @@ export const totalSteps = (config: RunConfig, trainRows: number): number => {
 
 /** Evaluate on the held-out rows at `step` (recorded as an `eval` metrics event); undefined when there are none. */
 export const evaluation = (config: RunConfig, val: ReadonlyArray<PromptRow>) => {
-  const evalOptions = {
-    samplesPerPrompt: config.generator.eval_n_samples_per_prompt,
-    temperature: config.generator.eval_sampling.temperature,
-    topP: config.generator.eval_sampling.top_p,
-    topK: config.generator.eval_sampling.top_k,
-    stopStrings: config.generator.eval_sampling.stop,
-    unordered: false
-  }
+  const evalOptions = Evaluator.optionsOf(config)
   return (label: string, step: number) =>
     Effect.gen(function* () {
       if (val.length === 0) return undefined
