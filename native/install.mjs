@@ -1,7 +1,8 @@
-// `npm ci` / `npm install` hook: build the native kernels with node-gyp and the machine's compiler (nothing is
-// downloaded). It NEVER fails the install: without a compiler, headers or BLAS the build is skipped or fails, the
-// reason is written to native/build/status.json, and the runtime falls back to tfjs' stock kernels with one warning.
-// Set EFFECT_RL_SKIP_NATIVE=1 to skip the build.
+// `npm ci` / `npm install` hook: build the native kernels with node-gyp and the machine's compiler (no Node headers or
+// binaries are downloaded; as root on Debian/Ubuntu a missing libopenblas-dev is installed with apt-get, see
+// ensureOpenBlas). It NEVER fails the install: without a compiler, headers or BLAS the build is skipped, fails or uses
+// its own SGEMM, the reason is written to native/build/status.json, and the runtime falls back to tfjs' stock kernels
+// with one warning. Set EFFECT_RL_SKIP_NATIVE=1 to skip the build.
 import { spawnSync } from "node:child_process"
 import { existsSync, mkdirSync, writeFileSync } from "node:fs"
 import { createRequire } from "node:module"
@@ -46,6 +47,39 @@ const findNodeDir = () => {
   return undefined
 }
 
+const run = (command, args, env = process.env) =>
+  spawnSync(command, args, { cwd: nativeDir, encoding: "utf8", timeout: 300_000, env })
+
+/** "openblas" when libopenblas links on this machine (what binding.gyp will use), else "builtin". */
+const blasHere = () =>
+  (run("sh", [join(nativeDir, "detect-blas.sh"), "defines"]).stdout ?? "").includes("EFFECT_RL_OPENBLAS")
+    ? "openblas"
+    : "builtin"
+
+// OpenBLAS makes a training step about twice as fast as the addon's own SGEMM (bench/quickstart-sizes.ts, the
+// quickstart policy: 0.20 s against 0.42 s for 8 x 480 tokens), and the quickstart's steps are training-bound. So where
+// it is missing and this install runs as root on a Debian/Ubuntu machine (a container, CI), it is installed here, like
+// the compiler-free fallback never failing the install. EFFECT_RL_NO_APT=1 skips this.
+const ensureOpenBlas = () => {
+  if (blasHere() === "openblas") return "present"
+  if (process.env["EFFECT_RL_NO_BLAS"] === "1") return "not wanted (EFFECT_RL_NO_BLAS=1)"
+  if (process.env["EFFECT_RL_NO_APT"] === "1") return "not installed (EFFECT_RL_NO_APT=1)"
+  if (process.getuid?.() !== 0) return "not installed (not root: apt-get install libopenblas-dev)"
+  if (run("sh", ["-c", "command -v apt-get"]).status !== 0) return "not installed (no apt-get)"
+  console.log("effect-rl: installing libopenblas-dev with apt-get for the native kernels (EFFECT_RL_NO_APT=1 skips)")
+  const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" }
+  const install = () => run("apt-get", ["install", "-y", "-qq", "--no-install-recommends", "libopenblas-dev"], env)
+  let result = install()
+  if (result.status !== 0) {
+    run("apt-get", ["update", "-qq"], env)
+    result = install()
+  }
+  if (result.status === 0 && blasHere() === "openblas") return "installed with apt-get"
+  const why = (result.stderr ?? String(result.error ?? "")).trim().split("\n").slice(-2).join(" ")
+  console.warn(`effect-rl: could not install libopenblas-dev (${why}); the native kernels use their own SGEMM`)
+  return `apt-get failed: ${why}`
+}
+
 const main = () => {
   if (process.env["EFFECT_RL_SKIP_NATIVE"] === "1") {
     writeStatus({ ok: false, reason: "skipped: EFFECT_RL_SKIP_NATIVE=1" })
@@ -61,6 +95,8 @@ const main = () => {
     writeStatus({ ok: false, reason: "no local Node headers (include/node/node_api.h); install nodejs headers" })
     return
   }
+  const openblas = ensureOpenBlas()
+  const blas = blasHere()
   const result = spawnSync(process.execPath, [nodeGyp, "rebuild", `--nodedir=${nodeDir}`], {
     cwd: nativeDir,
     encoding: "utf8",
@@ -70,12 +106,12 @@ const main = () => {
   const log = `${result.stdout ?? ""}\n${result.stderr ?? ""}`
   const built = join(nativeDir, "build", "Release", "effect_rl_kernels.node")
   if (result.status === 0 && existsSync(built)) {
-    writeStatus({ ok: true, addon: built })
-    console.log(`effect-rl: native kernels built (${built})`)
+    writeStatus({ ok: true, addon: built, blas, openblas })
+    console.log(`effect-rl: native kernels built (${built}; BLAS: ${blas === "openblas" ? "OpenBLAS" : `built-in SGEMM, OpenBLAS ${openblas}`})`)
   } else {
     const lastLines = log.trim().split("\n").slice(-15).join("\n")
     const reason = result.error ? String(result.error) : `node-gyp exited with ${result.status}`
-    writeStatus({ ok: false, reason, log: lastLines })
+    writeStatus({ ok: false, reason, log: lastLines, blas, openblas })
     console.warn(`effect-rl: native kernels not built (${reason}); tfjs stock kernels will be used.\n${lastLines}`)
   }
 }

@@ -6,6 +6,7 @@
  */
 
 import { availableParallelism } from "node:os"
+import { isMainThread } from "node:worker_threads"
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
@@ -72,6 +73,8 @@ const kernelsOf = (config: BackendConfig): "native" | "stock" => {
 const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
 
 /** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
+let warnedNoBlas = false
+
 export const initialise = Effect.fn("TensorBackend.initialise")(function* (config: BackendConfig) {
   const candidates = config.name === "auto" ? autoOrder : [config.name]
   const failures: Array<string> = []
@@ -102,6 +105,15 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
             : config.threads,
       kernels: native.length > 0 ? "native" : "stock",
       addedKernels: [...missing, ...native]
+    }
+    const nativeStatus = native.length > 0 ? NativeKernels.status() : undefined
+    // once per process: the worker engine's thread loads the same build
+    if (nativeStatus?.available === true && nativeStatus.blas !== "openblas" && !warnedNoBlas && isMainThread) {
+      warnedNoBlas = true
+      yield* Effect.logWarning(
+        "native kernels built without OpenBLAS (their own SGEMM): a training step takes about twice as long " +
+          "(bench/quickstart-sizes.ts); install libopenblas-dev (Debian/Ubuntu) and run `node native/install.mjs`"
+      )
     }
     if (config.name === "auto") {
       yield* Effect.logInfo(
