@@ -47,8 +47,8 @@ const findNodeDir = () => {
   return undefined
 }
 
-const run = (command, args, env = process.env) =>
-  spawnSync(command, args, { cwd: nativeDir, encoding: "utf8", timeout: 300_000, env })
+const run = (command, args, env = process.env, timeout = 120_000) =>
+  spawnSync(command, args, { cwd: nativeDir, encoding: "utf8", timeout, env })
 
 /** "openblas" when libopenblas links on this machine (what binding.gyp will use), else "builtin". */
 const blasHere = () =>
@@ -57,7 +57,7 @@ const blasHere = () =>
     : "builtin"
 
 // OpenBLAS makes a training step about twice as fast as the addon's own SGEMM (bench/quickstart-sizes.ts, the
-// quickstart policy: 0.20 s against 0.42 s for 8 x 480 tokens), and the quickstart's steps are training-bound. So where
+// quickstart policy: 0.20 s against 0.42 s for 8 x 480 tokens), and without it the quickstart's steps are training-bound. So where
 // it is missing and this install runs as root on a Debian/Ubuntu machine (a container, CI), it is installed here, like
 // the compiler-free fallback never failing the install. EFFECT_RL_NO_APT=1 skips this.
 const ensureOpenBlas = () => {
@@ -69,8 +69,11 @@ const ensureOpenBlas = () => {
   console.log("effect-rl: installing libopenblas-dev with apt-get for the native kernels (EFFECT_RL_NO_APT=1 skips)")
   const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" }
   const install = () => run("apt-get", ["install", "-y", "-qq", "--no-install-recommends", "libopenblas-dev"], env)
+  const started = Date.now()
   let result = install()
-  if (result.status !== 0) {
+  // a refused install is retried once after fetching the package lists (a fresh container has none); an install that
+  // already took a minute (a slow or unreachable mirror) is not: at most about 5 minutes in all, in that worst case
+  if (result.status !== 0 && Date.now() - started < 60_000) {
     run("apt-get", ["update", "-qq"], env)
     result = install()
   }
