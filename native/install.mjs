@@ -57,9 +57,9 @@ const blasHere = () =>
     : "builtin"
 
 // OpenBLAS makes a training step about twice as fast as the addon's own SGEMM (bench/quickstart-sizes.ts, the
-// quickstart policy: 0.20 s against 0.42 s for 8 x 480 tokens), and without it the quickstart's steps are training-bound. So where
-// it is missing and this install runs as root on a Debian/Ubuntu machine (a container, CI), it is installed here, like
-// the compiler-free fallback never failing the install. EFFECT_RL_NO_APT=1 skips this.
+// quickstart policy: 0.20 s against 0.42 s for 8 x 480 tokens), and without it the quickstart's steps are
+// training-bound. So where it is missing and this install runs as root on a Debian/Ubuntu machine (a container, CI),
+// it is installed here, never failing the install. EFFECT_RL_NO_APT=1 skips this.
 const ensureOpenBlas = () => {
   if (blasHere() === "openblas") return "present"
   if (process.env["EFFECT_RL_NO_BLAS"] === "1") return "not wanted (EFFECT_RL_NO_BLAS=1)"

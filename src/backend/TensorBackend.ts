@@ -72,9 +72,9 @@ const kernelsOf = (config: BackendConfig): "native" | "stock" => {
 
 const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
 
-/** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
 let warnedNoBlas = false
 
+/** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
 export const initialise = Effect.fn("TensorBackend.initialise")(function* (config: BackendConfig) {
   const candidates = config.name === "auto" ? autoOrder : [config.name]
   const failures: Array<string> = []

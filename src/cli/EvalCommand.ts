@@ -1,7 +1,8 @@
 /**
  * `eval --config FILE [--model DIR] [key.path=value ...]`: score a policy on the held-out data (`data.val`) with the
  * eval sampling settings. `--model` takes a checkpoint directory, a run directory (its latest checkpoint) or a
- * `checkpoints/latest` pointer file. `trainer.eval_group_by: KEY` adds a line per value of the rows' `extra_info.KEY`. Prints per-source lines and, as the last stdout line, the JSON report
+ * `checkpoints/latest` pointer file. `trainer.eval_group_by: KEY` adds a line per value of the rows' `extra_info.KEY`.
+ * Prints per-source lines and, as the last stdout line, the JSON report
  * `{"event":"eval","report":{"<source>":{"avg_score":…,"pass_at_n":…,"prompts":…},"all":{…}}}`.
  * `--episodes-dir DIR` also writes every eval trajectory group to `DIR/episodes.jsonl` (the run directory's episode
  * format, so `report` and the trajectory viewer read it), to see what the policy does on each held-out task.

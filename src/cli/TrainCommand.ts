@@ -33,15 +33,22 @@ export const readRows = Effect.fn("cli.readRows")(function* (
   max?: number,
   include?: Dataset.Include
 ) {
-  const all = yield* Stream.runCollect(Dataset.readAll(files))
-  const kept = include === undefined ? all : all.filter(Dataset.isIncluded(include))
-  if (kept.length === 0 && all.length > 0) {
-    return yield* new ConfigError({
-      path: "data.include",
-      message: `data.include ${JSON.stringify(include)} keeps none of the ${all.length} rows of ${files.join(", ")}`
-    })
+  const kept = yield* Dataset.readAll(files).pipe(
+    include === undefined ? (s) => s : Stream.filter(Dataset.isIncluded(include)),
+    max === undefined ? (s) => s : Stream.take(max),
+    Stream.runCollect
+  )
+  if (kept.length === 0 && include !== undefined) {
+    // only to name how many rows the filter saw
+    const all = yield* Stream.runCount(Dataset.readAll(files))
+    if (all > 0) {
+      return yield* new ConfigError({
+        path: "data.include",
+        message: `data.include ${JSON.stringify(include)} keeps none of the ${all} rows of ${files.join(", ")}`
+      })
+    }
   }
-  return max === undefined ? kept : kept.slice(0, max)
+  return kept
 })
 
 /** `latest` → the directory `<run dir>/checkpoints/latest` names (undefined when there is none); a path → itself. */

@@ -186,6 +186,12 @@ export const readAll = (
 ): Stream.Stream<PromptRow, DatasetError, FileSystem.FileSystem | Path.Path> =>
   Stream.fromIterable(files).pipe(Stream.flatMap((file) => read(file).pipe(Stream.map(({ row }) => row))))
 
+/** The row's `extra_info[key]` when it is a string, number or boolean (what can be filtered and grouped on). */
+export const extraInfoScalar = (row: PromptRow | undefined, key: string): string | number | boolean | undefined => {
+  const value = row?.extra_info?.[key]
+  return typeof value === "string" || typeof value === "number" || typeof value === "boolean" ? value : undefined
+}
+
 /** `data.include`: per `extra_info` key, the values a row may have there. */
 export type Include = Readonly<Record<string, ReadonlyArray<string | number | boolean>>>
 
@@ -194,8 +200,6 @@ export const isIncluded =
   (include: Include) =>
   (row: PromptRow): boolean =>
     Object.entries(include).every(([key, values]) => {
-      const value = row.extra_info?.[key]
-      return (
-        (typeof value === "string" || typeof value === "number" || typeof value === "boolean") && values.includes(value)
-      )
+      const value = extraInfoScalar(row, key)
+      return value !== undefined && values.includes(value)
     })

@@ -8,6 +8,7 @@
  */
 import { Effect, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
+import * as Dataset from "../data/Dataset.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import { Generator, type GeneratorOptions } from "../generator/Generator.ts"
@@ -56,10 +57,8 @@ export const score = (
 
 /** `KEY=<value>` for a row whose `extra_info.KEY` is a string, number or boolean; otherwise undefined. */
 export const subgroupOf = (row: PromptRow | undefined, key: string): string | undefined => {
-  const value = row?.extra_info?.[key]
-  return typeof value === "string" || typeof value === "number" || typeof value === "boolean"
-    ? `${key}=${value}`
-    : undefined
+  const value = Dataset.extraInfoScalar(row, key)
+  return value === undefined ? undefined : `${key}=${value}`
 }
 
 /** Flatten a report into metric keys: `eval/<source>/avg_score`, `eval/<source>/pass_at_n`. */
