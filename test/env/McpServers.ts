@@ -42,6 +42,11 @@ export const cancelProbeScript = join(root, "test/env/CancelProbeServer.ts")
 export const cancelProbe = (log: string, extra: Record<string, unknown> = {}) =>
   config({ name: "probe", command: "node", args: [cancelProbeScript], env: { CANCEL_PROBE_LOG: log }, ...extra })
 
+export const readProbeScript = join(root, "test/env/ReadProbeServer.ts")
+/** `reads` answers how many stdin chunks the server has read; `echo` answers `n`. */
+export const readProbe = (extra: Record<string, unknown> = {}) =>
+  config({ name: "probe", command: "node", args: [readProbeScript], ...extra })
+
 export const tempDir = (prefix: string) => mkdtempSync(join(tmpdir(), `effect-rl-${prefix}-`))
 
 export const freePort = (): Promise<number> =>

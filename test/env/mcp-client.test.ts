@@ -80,6 +80,33 @@ layer(McpClient.layer({ servers: [Servers.toolbox()] }), { excludeTestServices: 
   }
 )
 
+layer(McpClient.layer({ servers: [Servers.readProbe()] }), { excludeTestServices: true })(
+  "McpClient over stdio: requests sent together share a pipe write",
+  (it) => {
+    it.effect("64 calls started at once reach the server in one or two reads, not 64", () =>
+      Effect.gen(function* () {
+        const client = yield* McpClient.McpClient
+        const reads = client.call("reads", {}).pipe(Effect.map((r) => Number(r.text)))
+        const before = yield* reads
+        const echoed = yield* Effect.forEach(
+          Array.from({ length: 64 }, (_, i) => i),
+          (i) => client.call("echo", { n: i }),
+          { concurrency: "unbounded" }
+        )
+        assert.deepStrictEqual(
+          echoed.map((r) => r.text),
+          Array.from({ length: 64 }, (_, i) => String(i))
+        )
+        const after = yield* reads
+        // the burst's reads: `after` also counts the read of its own request
+        const burst = after - before - 1
+        assert.isAtLeast(burst, 1)
+        assert.isAtMost(burst, 2, `the server read the 64 requests in ${burst} chunks`)
+      })
+    )
+  }
+)
+
 describe("McpClient with the reference servers", () => {
   it.live("the toolbox simulates slow tools: TOOLBOX_LATENCY_MS=150 delays every call by 150 ms", () =>
     Effect.gen(function* () {
