@@ -2,11 +2,13 @@
  * Tool-call round trip through McpToolEnv (parse model text → McpClient → toolbox → tool message) vs the bare MCP
  * SDK client calling the same toolbox server (both over stdio, each with its own server process).
  *
- *   node bench/mcp-latency.ts [--calls 2000] [--concurrent-calls 8192] [--concurrency 64] [--microtask-scheduler]
+ *   node bench/mcp-latency.ts [--calls 4000] [--concurrent-calls 32768] [--concurrency 64] [--microtask-scheduler]
  *
  * A third column, `mcp_client`, is McpClient.call alone (the seam, without parsing text or keeping records).
  * Sequential: one caller, one call at a time. Concurrent: 64 callers (64 envs on one shared server connection vs
  * 64 concurrent `callTool`s on one SDK client). Prints one JSON line and writes bench/results/mcp-latency.json.
+ * The defaults (4× those before 2026-11-25) measure the steady state an RL run's millions of calls see: with 1,024
+ * concurrent calls per column and round, a round lasted about 50 ms and the p50 ratio of one run swung 0.9-1.5.
  * Goal: McpToolEnv p50 ≤ 1.2 × SDK p50.
  *
  * This bench imports the SDK client directly: it is the baseline being measured against.
@@ -32,8 +34,8 @@ const argValue = (flag: string, fallback: number) => {
   const i = process.argv.indexOf(flag)
   return i >= 0 ? Number(process.argv[i + 1]) : fallback
 }
-const calls = argValue("--calls", 2000) // sequential calls per client
-const concurrentCalls = argValue("--concurrent-calls", 8192) // concurrent calls per client (64 callers × 16 × 8 rounds)
+const calls = argValue("--calls", 4000) // sequential calls per client
+const concurrentCalls = argValue("--concurrent-calls", 32768) // concurrent calls per client (64 callers × 64 × 8 rounds)
 const concurrency = argValue("--concurrency", 64)
 const warmup = 200
 
@@ -51,8 +53,8 @@ const summary = (ms: ReadonlyArray<number>, wallMs: number, cpuUs: number) => ({
 const args = (i: number) => ({ a: i, b: 7 })
 const text = (i: number) => `<tool_call>\n{"name": "multiply", "arguments": {"a": ${i}, "b": 7}}\n</tool_call>`
 
-// Both clients are set up first, then measured in alternating blocks (SDK, env, SDK, env, …), so that machine noise
-// (this is a shared 2-core box) and JIT warm-up fall on both alike.
+// The clients are set up first, then measured in alternating blocks (SDK, env, client, SDK, …), so that machine noise
+// (this is a shared 2-core box) and JIT warm-up fall on all alike.
 const rounds = 8
 /** CPU time of this (client) process, µs: robust to the machine's other load, unlike wall time. */
 const cpu = () => {
@@ -138,58 +140,82 @@ const measure = Effect.gen(function* () {
       { concurrency: "unbounded" }
     )
   }
-  for (let r = 0; r < rounds; r++) {
-    const block = Math.ceil(calls / rounds)
-    let t0 = performance.now()
-    let c0 = cpu()
-    for (let i = 0; i < block; i++) samples.sdk.seq.push(yield* Effect.promise(() => sdk.one(i)))
-    samples.sdk.seqWall += performance.now() - t0
-    samples.sdk.seqCpu += cpu() - c0
-    t0 = performance.now()
-    c0 = cpu()
-    for (let i = 0; i < block; i++) samples.env.seq.push(yield* stepTimed(env, i))
-    samples.env.seqWall += performance.now() - t0
-    samples.env.seqCpu += cpu() - c0
-    t0 = performance.now()
-    c0 = cpu()
-    yield* Effect.promise(() =>
-      Promise.all(
-        Array.from({ length: concurrency }, async (_, w) => {
-          for (let i = 0; i < perWorker; i++) samples.sdk.conc.push(await sdk.one(w * 1000 + i))
-        })
-      )
-    )
-    samples.sdk.concWall += performance.now() - t0
-    samples.sdk.concCpu += cpu() - c0
-    t0 = performance.now()
-    c0 = cpu()
-    yield* Effect.forEach(
+  const block = Math.ceil(calls / rounds)
+  type Column = keyof typeof samples
+  /** One measured block: its samples, wall time and this process's CPU time go to `column`. */
+  const timed = (column: Column, mode: "seq" | "conc", run: Effect.Effect<unknown, unknown>) =>
+    Effect.gen(function* () {
+      const t0 = performance.now()
+      const c0 = cpu()
+      yield* run
+      const x = samples[column]
+      if (mode === "seq") {
+        x.seqWall += performance.now() - t0
+        x.seqCpu += cpu() - c0
+      } else {
+        x.concWall += performance.now() - t0
+        x.concCpu += cpu() - c0
+      }
+    })
+  const sequential = (into: Array<number>, one: (i: number) => Effect.Effect<number, unknown>) =>
+    Effect.gen(function* () {
+      for (let i = 0; i < block; i++) into.push(yield* one(i))
+    })
+  const concurrent = (into: Array<number>, one: (e: Env, i: number) => Effect.Effect<number, unknown>) =>
+    Effect.forEach(
       envs,
       (e, w) =>
         Effect.gen(function* () {
-          for (let i = 0; i < perWorker; i++) samples.env.conc.push(yield* stepTimed(e, w * 1000 + i))
+          for (let i = 0; i < perWorker; i++) into.push(yield* one(e, w * 1000 + i))
         }),
-      { concurrency: "unbounded" }
+      { concurrency: "unbounded", discard: true }
     )
-    samples.env.concWall += performance.now() - t0
-    samples.env.concCpu += cpu() - c0
-    t0 = performance.now()
-    c0 = cpu()
-    for (let i = 0; i < block; i++) samples.client.seq.push(yield* callTimed(client, i))
-    samples.client.seqWall += performance.now() - t0
-    samples.client.seqCpu += cpu() - c0
-    t0 = performance.now()
-    c0 = cpu()
-    yield* Effect.forEach(
-      envs,
-      (_, w) =>
-        Effect.gen(function* () {
-          for (let i = 0; i < perWorker; i++) samples.client.conc.push(yield* callTimed(client, w * 1000 + i))
-        }),
-      { concurrency: "unbounded" }
+  // Each column runs its sequential block and then its concurrent one, so a concurrent block always starts on a
+  // server its own client has just used; which column goes first rotates every round, so none always runs after
+  // another's burst (the first design ran env's concurrent block right after the SDK's, on a server idle since the
+  // env's sequential block, and the env's p50 ratio swung 0.7-1.8 with the order alone).
+  const columns: ReadonlyArray<Effect.Effect<void, unknown>> = [
+    Effect.andThen(
+      timed(
+        "sdk",
+        "seq",
+        sequential(samples.sdk.seq, (i) => Effect.promise(() => sdk.one(i)))
+      ),
+      timed(
+        "sdk",
+        "conc",
+        Effect.promise(() =>
+          Promise.all(
+            Array.from({ length: concurrency }, async (_, w) => {
+              for (let i = 0; i < perWorker; i++) samples.sdk.conc.push(await sdk.one(w * 1000 + i))
+            })
+          )
+        )
+      )
+    ),
+    Effect.andThen(
+      timed(
+        "env",
+        "seq",
+        sequential(samples.env.seq, (i) => stepTimed(env, i))
+      ),
+      timed("env", "conc", concurrent(samples.env.conc, stepTimed))
+    ),
+    Effect.andThen(
+      timed(
+        "client",
+        "seq",
+        sequential(samples.client.seq, (i) => callTimed(client, i))
+      ),
+      timed(
+        "client",
+        "conc",
+        concurrent(samples.client.conc, (_, i) => callTimed(client, i))
+      )
     )
-    samples.client.concWall += performance.now() - t0
-    samples.client.concCpu += cpu() - c0
+  ]
+  for (let r = 0; r < rounds; r++) {
+    for (let k = 0; k < columns.length; k++) yield* columns[(r + k) % columns.length]!
   }
   yield* Effect.promise(() => sdk.client.close())
   const pack = (x: typeof samples.sdk) => ({
