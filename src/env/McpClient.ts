@@ -334,12 +334,11 @@ class ChildStdioTransport implements Transport {
   /**
    * Messages sent together go out in one `writev`: the pipe is corked at the first and uncorked by `process.nextTick`,
    * so whatever is written before the tick queue next runs (the rest of the current callback, or of the current
-   * cascade of microtasks) shares the syscall. 64 envs whose calls were answered in one read call
-   * their next tools in the same cascade of microtasks; written one by one, each write woke the server again (a
-   * wake-up is microseconds of the writer's syscall on a VM), and the env's client CPU per call in the mcp-latency
-   * bench was 25–32 µs against the bare SDK's 19–24; corked, 19–20 against 18. (f5cadd4 tried a flush on a
-   * microtask: it runs before the rest of the cascade has written, so it averaged 4 messages per write, and was
-   * reverted.)
+   * cascade of microtasks) shares the syscall. 64 envs whose calls were answered in one read call their next tools
+   * in the same cascade of microtasks; written one by one, each write woke the server again (a wake-up is
+   * microseconds of the writer's syscall on a VM), and the env's client CPU per call in the mcp-latency bench was
+   * 25–32 µs against the bare SDK's 19–24; corked, 19–20 against 18. (f5cadd4 tried a flush on a microtask: it runs
+   * before the rest of the cascade has written, so it averaged 4 messages per write, and was reverted.)
    */
   send(message: JSONRPCMessage): Promise<void> {
     const stdin = this.child?.stdin
