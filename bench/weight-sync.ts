@@ -59,11 +59,11 @@ const program = (iters: number) =>
       const served = yield* Effect.acquireRelease(Effect.sync(Harness.perfModel), (m) =>
         Effect.sync(() => Transformer.dispose(m))
       )
-      const snapshotAt = (v: number) => Snapshot.fromModel(trainer, PolicyVersion.make(v))
-      const bytes = WeightSnapshot.byteSize(snapshotAt(0))
+      const snapshotAt = (v: number) => Effect.promise(() => Snapshot.fromModel(trainer, PolicyVersion.make(v)))
+      const bytes = WeightSnapshot.byteSize(yield* snapshotAt(0))
       const versions = Array.from({ length: iters }, (_, i) => i + 1)
 
-      const snapshot = yield* Effect.forEach(versions, (v) => seconds(Effect.sync(() => snapshotAt(v))))
+      const snapshot = yield* Effect.forEach(versions, (v) => seconds(snapshotAt(v)))
 
       // http: serve's routes over a LocalEngine, on loopback
       const servedEngine = yield* LocalEngine.make({ model: served })
@@ -79,11 +79,14 @@ const program = (iters: number) =>
       )
       const url = HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
       const timings: Array<HttpWeightSync.SyncTiming> = []
+      // the snapshot is read before the clock starts (the `snapshot` row times it)
       const http = yield* Effect.forEach(versions, (v) =>
-        seconds(
-          HttpWeightSync.upload({ url, token: "bench" }, snapshotAt(v)).pipe(
-            Effect.tap((t) => Effect.sync(() => timings.push(t))),
-            Effect.provide(FetchHttpClient.layer)
+        Effect.flatMap(snapshotAt(v), (s) =>
+          seconds(
+            HttpWeightSync.upload({ url, token: "bench" }, s).pipe(
+              Effect.tap((t) => Effect.sync(() => timings.push(t))),
+              Effect.provide(FetchHttpClient.layer)
+            )
           )
         )
       )
@@ -104,11 +107,7 @@ const program = (iters: number) =>
       const fileToEngine = yield* Effect.forEach(versions, (v) =>
         seconds(
           Effect.gen(function* () {
-            file.push(
-              yield* seconds(
-                fileSync.publish({ version: PolicyVersion.make(v), snapshot: Effect.sync(() => snapshotAt(v)) })
-              )
-            )
+            file.push(yield* seconds(fileSync.publish({ version: PolicyVersion.make(v), snapshot: snapshotAt(v) })))
             while ((yield* watcher.version) < v) yield* Effect.sleep("1 millis")
           })
         )
@@ -118,7 +117,7 @@ const program = (iters: number) =>
       const worker = yield* Effect.gen(function* () {
         const sync = yield* WorkerWeightSync.make()
         return yield* Effect.forEach(versions, (v) =>
-          seconds(sync.publish({ version: PolicyVersion.make(v), snapshot: Effect.sync(() => snapshotAt(v)) }))
+          seconds(sync.publish({ version: PolicyVersion.make(v), snapshot: snapshotAt(v) }))
         )
       }).pipe(Effect.provide(WorkerEngine.layer({ model: trainer, backend })))
 

@@ -4,7 +4,7 @@
  * `tf.variableGrads(f)` runs `f` inside its own tidy and keeps only the returned scalar, so metric tensors built next
  * to the loss would be disposed before anyone reads them. {@link variableGrads} keeps them: the caller owns the
  * returned `value`, `grads` and `metrics` and frees them with {@link dispose} (or reads and frees metrics with
- * {@link read}).
+ * {@link read}, outside any tidy: it awaits the download).
  */
 import * as tf from "@tensorflow/tfjs"
 
@@ -33,14 +33,13 @@ export const variableGrads = <M extends Readonly<Record<string, tf.Scalar>>>(
   return { value, grads, metrics: metrics! }
 }
 
-/** Read every metric as a number (synchronous download) and dispose the tensors. */
-export const read = <M extends Readonly<Record<string, tf.Scalar>>>(metrics: M): { [K in keyof M]: number } => {
-  const out: Record<string, number> = {}
-  for (const [key, metric] of Object.entries(metrics)) {
-    out[key] = metric.dataSync()[0]!
-    metric.dispose()
-  }
-  return out as { [K in keyof M]: number }
+/** Read every metric as a number and dispose the tensors. Async: webgpu has no synchronous download. */
+export const read = async <M extends Readonly<Record<string, tf.Scalar>>>(
+  metrics: M
+): Promise<{ [K in keyof M]: number }> => {
+  const entries = Object.entries(metrics)
+  const data = await Promise.all(entries.map(([, x]) => x.data())).finally(() => tf.dispose(entries.map(([, x]) => x)))
+  return Object.fromEntries(entries.map(([key], i) => [key, data[i]![0]!])) as { [K in keyof M]: number }
 }
 
 /** Dispose what {@link variableGrads} returned. */

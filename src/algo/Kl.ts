@@ -64,23 +64,24 @@ export const loss = (
     return tf.mean(Reduction.maskedRowMean(kl, lossMask)) // []
   })
 
-/** Plain-array form of {@link approx}: per-token KL estimates, `[B][T]` in and out. */
-export const estimate = (
+/** Plain-array form of {@link approx}: per-token KL estimates, `[B][T]` in and out (read back asynchronously). */
+export const estimate = async (
   estimator: Estimator,
   logProbs: Matrix.Rows,
   refLogProbs: Matrix.Rows,
   mask?: Matrix.Rows
-): Array<Array<number>> => {
+): Promise<Array<Array<number>>> => {
   Matrix.assertSameShape(refLogProbs, logProbs, "refLogProbs", "logProbs")
   if (mask !== undefined) Matrix.assertSameShape(mask, logProbs, "mask", "logProbs")
-  return tf.tidy(() =>
+  const kl = tf.tidy(() =>
     approx(
       Matrix.toTensor(logProbs, "logProbs"),
       Matrix.toTensor(refLogProbs, "refLogProbs"),
       estimator,
       mask === undefined ? undefined : Matrix.toTensor(mask, "mask")
-    ).arraySync()
-  )
+    )
+  ) // [B, T]
+  return kl.array().finally(() => kl.dispose())
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ export const update = (controller: Controller, current: number, nSteps: number):
  * Returns the penalised rewards, the stepped controller, the β that was applied, avgKl and
  * avgKlMax = mean_b max_t |kl_{b,t}| (SkyRL's `loss/avg_kl`, `loss/avg_kl_max`, `loss/kl_loss_coef`).
  */
-export const applyKlPenalty = (
+export const applyKlPenalty = async (
   input: {
     readonly tokenLevelRewards: Matrix.Rows
     readonly logProbs: Matrix.Rows
@@ -132,13 +133,13 @@ export const applyKlPenalty = (
     readonly lossMask: Matrix.Rows
   },
   options: { readonly controller: Controller; readonly estimator: Estimator }
-): {
+): Promise<{
   readonly tokenLevelRewards: Array<Array<number>>
   readonly controller: Controller
   readonly klCoef: number
   readonly avgKl: number
   readonly avgKlMax: number
-} => {
+}> => {
   for (const [rows, name] of [
     [input.logProbs, "logProbs"],
     [input.refLogProbs, "refLogProbs"],
@@ -147,7 +148,7 @@ export const applyKlPenalty = (
     Matrix.assertSameShape(rows, input.tokenLevelRewards, name, "tokenLevelRewards")
   }
   const klCoef = options.controller.value
-  const { rewards, avgKl, avgKlMax } = tf.tidy(() => {
+  const out = tf.tidy(() => {
     const mask = Matrix.toTensor(input.lossMask, "lossMask") // [B, T]
     const logProbs = Matrix.toTensor(input.logProbs, "logProbs") // [B, T]
     const kl = approx(logProbs, Matrix.toTensor(input.refLogProbs, "refLogProbs"), options.estimator, mask) // [B, T]
@@ -155,12 +156,12 @@ export const applyKlPenalty = (
     const penalised = tf.sub(rewards, tf.mul(kl, Math.max(0, klCoef))) // [B, T]
     const klMean = tf.mean(Reduction.maskedRowMean(kl, mask)) // []
     const klMax = tf.mean(tf.max(tf.abs(kl), -1)) // []
-    return {
-      rewards: penalised.arraySync() as Array<Array<number>>,
-      avgKl: klMean.arraySync() as number,
-      avgKlMax: klMax.arraySync() as number
-    }
+    return { penalised, klMean, klMax }
   })
+  const tensors = [out.penalised, out.klMean, out.klMax]
+  const [rewards, avgKl, avgKlMax] = (await Promise.all(tensors.map((x) => x.array())).finally(() =>
+    tf.dispose(tensors)
+  )) as [Array<Array<number>>, number, number]
   const controller = update(options.controller, avgKl, input.tokenLevelRewards.length)
   return { tokenLevelRewards: rewards, controller, klCoef, avgKl, avgKlMax }
 }

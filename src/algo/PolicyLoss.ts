@@ -317,16 +317,19 @@ export type Values = { readonly loss: number; readonly clipRatio: number; readon
   Record<string, number>
 >
 
-/** Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back. */
-export const compute = (name: Name, inputs: ArrayInputs, config: Partial<Config> = {}): Values => {
+/**
+ * Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back. Async:
+ * the values are downloaded with `data()` (webgpu has no synchronous read), after the tidy that computed them.
+ */
+export const compute = async (name: Name, inputs: ArrayInputs, config: Partial<Config> = {}): Promise<Values> => {
   Matrix.assertSameShape(inputs.oldLogProbs, inputs.logProbs, "oldLogProbs", "logProbs")
   Matrix.assertSameShape(inputs.advantages, inputs.logProbs, "advantages", "logProbs")
   Matrix.assertSameShape(inputs.lossMask, inputs.logProbs, "lossMask", "logProbs")
   if (inputs.rolloutLogProbs !== undefined) {
     Matrix.assertSameShape(inputs.rolloutLogProbs, inputs.logProbs, "rolloutLogProbs", "logProbs")
   }
-  return tf.tidy(() => {
-    const out = loss(
+  const out = tf.tidy(() =>
+    loss(
       name,
       {
         logProbs: Matrix.toTensor(inputs.logProbs, "logProbs"),
@@ -338,10 +341,10 @@ export const compute = (name: Name, inputs: ArrayInputs, config: Partial<Config>
       },
       config
     )
-    const values: Record<string, number> = { loss: out.loss.arraySync() }
-    for (const [key, metric] of Object.entries(out.metrics)) values[key] = metric.arraySync()
-    return values as Values
-  })
+  )
+  const scalars: Array<[string, tf.Scalar]> = [["loss", out.loss], ...Object.entries(out.metrics)]
+  const data = await Promise.all(scalars.map(([, x]) => x.data())).finally(() => tf.dispose(scalars.map(([, x]) => x)))
+  return Object.fromEntries(scalars.map(([key], i) => [key, data[i]![0]!])) as Values
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@
  * turn of a multi-turn episode (previous prompt + response + tool output) prefills only its new tokens. Cached
  * prefixes are dropped when the weights change, and only rows generated entirely on the current weights are kept.
  */
-import { Deferred, Effect, Latch, Layer } from "effect"
+import { Deferred, Effect, Latch, Layer, Semaphore } from "effect"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
@@ -99,6 +99,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   const stats = options.stats ?? { prefilledTokens: 0, reusedTokens: 0 }
   const work = yield* Latch.make(false) // open while there is something to do
   const notPaused = yield* Latch.make(true)
+  const stepping = yield* Semaphore.make(1) // one scheduler iteration or one weight update at a time
 
   const currentView = (): Transformer.WeightView => {
     if (view === undefined || view.version !== version) {
@@ -137,7 +138,6 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     return false
   }
 
-  /** One scheduler iteration (synchronous tensor work). Returns the submissions that completed. */
   /** Keep a finished row's keys/values (all its tokens but the last, which never entered the cache) for reuse. */
   const remember = (entry: Running, from: KvCache.KvCache, index: number) => {
     if (prefixCache === undefined || !entry.row.versions.every((w) => w === version)) return
@@ -171,7 +171,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   }
 
   /** Prefill admitted rows: from scratch, or continuing a cached prefix. Returns their cache, rows in `order`. */
-  const prefillAdmitted = (admitted: ReadonlyArray<Running>) => {
+  const prefillAdmitted = async (admitted: ReadonlyArray<Running>) => {
     const hits = admitted.map((a) => prefixCache?.lookup(a.row.request.promptIds))
     const fresh = admitted.flatMap((a, i) => (hits[i] === undefined ? [a] : []))
     const reused = admitted.flatMap((a, i) => (hits[i] === undefined ? [] : [{ entry: a, hit: hits[i]! }]))
@@ -179,7 +179,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     if (fresh.length > 0) {
       parts.push({
         entries: fresh,
-        stepped: KvCache.prefill(
+        stepped: await KvCache.prefill(
           model,
           currentView(),
           fresh.map((a) => a.row.request.promptIds)
@@ -190,15 +190,22 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     if (reused.length > 0) {
       const past = reused.map((r) => r.hit.cache).reduce((a, b) => KvCache.merge(a, b))
       const suffixes = reused.map((r) => r.entry.row.request.promptIds.slice(r.hit.length))
-      parts.push({ entries: reused.map((r) => r.entry), stepped: KvCache.append(model, currentView(), past, suffixes) })
+      parts.push({
+        entries: reused.map((r) => r.entry),
+        stepped: await KvCache.append(model, currentView(), past, suffixes)
+      })
       stats.prefilledTokens += suffixes.reduce((n, s) => n + s.length, 0)
       stats.reusedTokens += reused.reduce((n, r) => n + r.hit.length, 0)
     }
     return parts
   }
 
-  /** One scheduler iteration (synchronous tensor work). Returns the submissions that completed. */
-  const iterate = (): Array<Submission> => {
+  /**
+   * One scheduler iteration. Returns the submissions that completed. Its tensor reads are async (webgpu has no
+   * synchronous read), so it runs under `stepping`, which weight updates take too: a step never sees new weights
+   * halfway through.
+   */
+  const iterate = async (): Promise<Array<Submission>> => {
     const finished: Array<Submission> = []
     const v = version
     // drop rows whose caller went away
@@ -206,7 +213,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     waiting = waiting.filter((s) => !s.cancelled)
     // (1) one decode step for the running batch
     if (running.length > 0 && cache !== undefined) {
-      const stepped = KvCache.extend(
+      const stepped = await KvCache.extend(
         model,
         currentView(),
         cache,
@@ -226,7 +233,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
         if (row.finishReason === undefined) admitted.push({ row, submission, pending: -1 })
       }
     }
-    for (const { entries, stepped } of prefillAdmitted(admitted)) {
+    for (const { entries, stepped } of await prefillAdmitted(admitted)) {
       const keep = sampleRows(entries, stepped, v, finished)
       if (keep.length === 0) {
         KvCache.dispose(stepped.cache)
@@ -258,7 +265,9 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       }
       yield* notPaused.await
       yield* yieldToEventLoop
-      const result = yield* Effect.try({ try: iterate, catch: internal }).pipe(Effect.result)
+      const result = yield* stepping
+        .withPermit(Effect.tryPromise({ try: iterate, catch: internal }))
+        .pipe(Effect.result)
       if (result._tag === "Failure") {
         yield* Effect.logError(`LocalEngine: decode step failed: ${result.failure.message}`)
         yield* failAll(result.failure)
@@ -328,25 +337,29 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   })
 
   const updateWeights = (snapshot: WeightSnapshot) =>
-    Effect.suspend(() => {
-      if (snapshot.version < version) {
-        return Effect.die(new Error(`LocalEngine.updateWeights: version ${snapshot.version} is older than ${version}`))
-      }
-      return Effect.try({
-        try: () => {
-          if (snapshot.names.length > 0) Snapshot.load(model, snapshot)
-          dropView() // new weights (even at the same version): the fused view and cached prefixes are stale
-          prefixCache?.clear()
-          version = snapshot.version
-        },
-        catch: (cause) =>
-          new InferenceError({
-            engine: engineName,
-            reason: "BadResponse",
-            message: `cannot load weights v${snapshot.version}: ${cause instanceof Error ? cause.message : String(cause)}`
-          })
+    stepping.withPermit(
+      Effect.suspend(() => {
+        if (snapshot.version < version) {
+          return Effect.die(
+            new Error(`LocalEngine.updateWeights: version ${snapshot.version} is older than ${version}`)
+          )
+        }
+        return Effect.try({
+          try: () => {
+            if (snapshot.names.length > 0) Snapshot.load(model, snapshot)
+            dropView() // new weights (even at the same version): the fused view and cached prefixes are stale
+            prefixCache?.clear()
+            version = snapshot.version
+          },
+          catch: (cause) =>
+            new InferenceError({
+              engine: engineName,
+              reason: "BadResponse",
+              message: `cannot load weights v${snapshot.version}: ${cause instanceof Error ? cause.message : String(cause)}`
+            })
+        })
       })
-    })
+    )
 
   return InferenceEngine.of({
     generate,

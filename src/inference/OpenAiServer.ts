@@ -47,7 +47,7 @@ export interface ServerOptions {
   /** Refuse weight uploads larger than this (bytes); default 4 GiB. */
   readonly maxWeightBytes?: number
   /** `log p(ids[t] | ids[<t])` for t ≥ 1 under the served weights, for `prompt_logprobs`; absent = unsupported. */
-  readonly promptLogprobs?: (ids: ReadonlyArray<number>) => ReadonlyArray<number>
+  readonly promptLogprobs?: (ids: ReadonlyArray<number>) => Promise<ReadonlyArray<number>>
 }
 
 /** A request the server refuses: answered with `status` and OpenAI's error body. */
@@ -231,15 +231,17 @@ const promptLogprobsOf = (
     if (wanted === undefined) return undefined
     const score = options.promptLogprobs
     if (score === undefined) return yield* fail(`"prompt_logprobs" is not supported by this server`)
-    return prompts.map((ids) => {
-      const values = score(ids)
-      return [
-        null,
-        ...values.map((logprob, t) => ({
-          [String(ids[t + 1])]: { logprob, rank: null, decoded_token: tokenizer.decode([ids[t + 1]!]) }
-        }))
-      ]
-    })
+    return yield* Effect.forEach(prompts, (ids) =>
+      Effect.map(
+        Effect.promise(() => score(ids)),
+        (values) => [
+          null,
+          ...values.map((logprob, t) => ({
+            [String(ids[t + 1])]: { logprob, rank: null, decoded_token: tokenizer.decode([ids[t + 1]!]) }
+          }))
+        ]
+      )
+    )
   })
 
 /** The assistant message of a chat completion: tool calls read out of the text when the request offered tools. */

@@ -99,7 +99,7 @@ export const workerUrl = (): URL => {
 export const make = Effect.fnUntraced(function* (options: WorkerEngineOptions) {
   const pauseMode = options.pauseMode ?? "keep"
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
-  const board = WorkerWeightSync.allocate(Snapshot.fromModel(options.model, version))
+  const board = WorkerWeightSync.allocate(yield* Effect.promise(() => Snapshot.fromModel(options.model, version)))
   const init: WorkerInit = {
     config: options.model.config,
     board,

@@ -157,7 +157,7 @@ export const save = async (model: Transformer.Transformer, dir: string, options:
   await fs.mkdir(dir, { recursive: true })
   const config = ModelConfig.toHf(model.config, dtype === "F32" ? "float32" : "bfloat16")
   await fs.writeFile(path.join(dir, "config.json"), `${JSON.stringify(config, null, 2)}\n`)
-  await writeTensors(dir, Transformer.toHfArrays(model), options)
+  await writeTensors(dir, await Transformer.toHfArrays(model), options)
   if (options.generationConfig !== undefined) {
     await fs.writeFile(
       path.join(dir, "generation_config.json"),

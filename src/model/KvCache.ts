@@ -25,8 +25,16 @@ export interface Stepped {
   readonly logits: Float32Array // [B, V] row-major: each row's next-token logits
 }
 
-/** Read outside the tidy: tidy walks whatever its function returns, and a Float32Array's every index is a key. */
-const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number, T: number): Float32Array => {
+/**
+ * Read outside the tidy: tidy walks whatever its function returns, and a Float32Array's every index is a key. The read
+ * is async because the webgpu backend has no synchronous one in Node. Disposes `hidden`.
+ */
+const lastLogits = async (
+  view: Transformer.WeightView,
+  hidden: tf.Tensor2D,
+  B: number,
+  T: number
+): Promise<Float32Array> => {
   const logits = tf.tidy(() => {
     const D = hidden.shape[1]
     const last =
@@ -35,20 +43,23 @@ const lastLogits = (view: Transformer.WeightView, hidden: tf.Tensor2D, B: number
         : (tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [B, D]) as tf.Tensor2D) // [B, D]
     return Transformer.logitsOf(view, last) // [B, V]
   })
-  const data = logits.dataSync() as Float32Array
-  logits.dispose()
-  return data
+  hidden.dispose()
+  try {
+    return (await logits.data()) as Float32Array
+  } finally {
+    logits.dispose()
+  }
 }
 
 /**
  * Run the prompts (ragged; left-padded here) and cache their keys/values. Every prompt must be non-empty. Identical
  * prompts (the n samples of a GRPO group) are run once and their cache rows copied.
  */
-export const prefill = (
+export const prefill = async (
   model: Transformer.Transformer,
   view: Transformer.WeightView,
   prompts: ReadonlyArray<ReadonlyArray<number>>
-): Stepped => {
+): Promise<Stepped> => {
   const firstIndex = new Map<string, number>()
   const unique: Array<ReadonlyArray<number>> = []
   const rowOf = prompts.map((p) => {
@@ -62,18 +73,18 @@ export const prefill = (
     return u
   })
   if (unique.length === prompts.length) return prefillRows(model, view, prompts)
-  const stepped = prefillRows(model, view, unique)
+  const stepped = await prefillRows(model, view, unique)
   const V = stepped.logits.length / unique.length
   const logits = new Float32Array(prompts.length * V)
   rowOf.forEach((u, i) => logits.set(stepped.logits.subarray(u * V, (u + 1) * V), i * V))
   return { cache: select(stepped.cache, rowOf), logits }
 }
 
-const prefillRows = (
+const prefillRows = async (
   model: Transformer.Transformer,
   view: Transformer.WeightView,
   prompts: ReadonlyArray<ReadonlyArray<number>>
-): Stepped => {
+): Promise<Stepped> => {
   const B = prompts.length
   const P = Math.max(...prompts.map((p) => p.length))
   if (prompts.some((p) => p.length === 0)) throw new Error("KvCache.prefill: empty prompt")
@@ -91,8 +102,7 @@ const prefillRows = (
     const step = Transformer.step(model, view, { ids: tf.tensor2d(ids, [B, P], "int32"), keyMask, positions })
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
-  const logits = lastLogits(view, out.hidden, B, P)
-  out.hidden.dispose()
+  const logits = await lastLogits(view, out.hidden, B, P)
   return {
     cache: {
       layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),
@@ -106,12 +116,12 @@ const prefillRows = (
 }
 
 /** Append one token per row; returns the next-token logits. Disposes the old cache's tensors. */
-export const extend = (
+export const extend = async (
   model: Transformer.Transformer,
   view: Transformer.WeightView,
   cache: KvCache,
   tokens: ArrayLike<number>
-): Stepped => {
+): Promise<Stepped> => {
   const B = cache.batch
   const L = cache.length + 1
   const keyMask = new Uint8Array(B * L)
@@ -130,8 +140,7 @@ export const extend = (
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   dispose(cache)
-  const logits = lastLogits(view, out.hidden, B, 1)
-  out.hidden.dispose()
+  const logits = await lastLogits(view, out.hidden, B, 1)
   return {
     cache: {
       layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),
@@ -303,12 +312,12 @@ export const prefixOf = (cache: KvCache, tokens: number): KvCache => {
  * logits after each row's last token: how a cached prefix is continued with the rest of a new prompt. Disposes the old
  * cache's tensors.
  */
-export const append = (
+export const append = async (
   model: Transformer.Transformer,
   view: Transformer.WeightView,
   cache: KvCache,
   suffixes: ReadonlyArray<ReadonlyArray<number>>
-): Stepped => {
+): Promise<Stepped> => {
   const B = cache.batch
   if (suffixes.length !== B || suffixes.some((s) => s.length === 0))
     throw new Error("KvCache.append: one non-empty block per row")
@@ -337,8 +346,7 @@ export const append = (
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   dispose(cache)
-  const logits = lastLogits(view, out.hidden, B, S)
-  out.hidden.dispose()
+  const logits = await lastLogits(view, out.hidden, B, S)
   return {
     cache: {
       layers: out.keys.map((keys, l) => ({ keys, values: out.values[l]! })),

@@ -28,9 +28,10 @@ export interface Options {
   readonly chunkRows?: number
   /**
    * [B, T] aligned with the ids (e.g. the loss mask): compute log-probs (and entropy) only where it is 1, 0 elsewhere.
-   * The LM head then runs on those positions alone, which is most of the cost with a large vocabulary.
+   * The LM head then runs on those positions alone, which is most of the cost with a large vocabulary. Plain arrays,
+   * not a tensor: the selection is read on the host inside a tidy, where no download can be awaited.
    */
-  readonly only?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
+  readonly only?: ReadonlyArray<ReadonlyArray<number>>
 }
 
 export interface TokenLogProbs {
@@ -165,7 +166,7 @@ export const ofSequences = (
     // with `only`, the head runs on the selected positions alone; `back` scatters their results into [B, T − 1]
     let back: tf.Tensor1D | undefined
     if (options.only !== undefined) {
-      const only = options.only instanceof tf.Tensor ? options.only.dataSync() : options.only.flat()
+      const only = options.only.flat()
       const selected: Array<number> = []
       const backIndex = new Int32Array(rows) // 0 = not selected (a zero row), k + 1 = k-th selected
       for (let b = 0; b < B; b++) {
@@ -197,11 +198,13 @@ export const ofSequences = (
       : { logprobs: pad(out.logprobs) }
   })
 
-/** `log p(ids[t] | ids[<t])` for t = 1 … n−1 of one sequence, as plain numbers (what `model logprobs` prints). */
-export const ofIds = (model: Transformer.Transformer, ids: ReadonlyArray<number>): Array<number> => {
+/**
+ * `log p(ids[t] | ids[<t])` for t = 1 … n−1 of one sequence, as plain numbers (what `model logprobs` prints). Async:
+ * webgpu has no synchronous download.
+ */
+export const ofIds = async (model: Transformer.Transformer, ids: ReadonlyArray<number>): Promise<Array<number>> => {
   if (ids.length < 2) return []
-  const { logprobs } = ofSequences(model, { ids: [ids] })
-  const values = Array.from(logprobs.dataSync()).slice(1)
-  logprobs.dispose()
-  return values
+  const { logprobs } = ofSequences(model, { ids: [ids] }) // [1, n]
+  const values = await logprobs.data().finally(() => logprobs.dispose())
+  return Array.from(values).slice(1)
 }

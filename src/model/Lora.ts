@@ -99,12 +99,12 @@ export const save = async (
     tensors.push({
       name: peftName(module, "A"),
       shape: [r, inDim],
-      data: Transformer.transpose2d(adapter.a.dataSync() as Float32Array, inDim, r)
+      data: Transformer.transpose2d((await adapter.a.data()) as Float32Array, inDim, r)
     })
     tensors.push({
       name: peftName(module, "B"),
       shape: [outDim, r],
-      data: Transformer.transpose2d(adapter.b.dataSync() as Float32Array, r, outDim)
+      data: Transformer.transpose2d((await adapter.b.data()) as Float32Array, r, outDim)
     })
   }
   const config = {

@@ -181,7 +181,7 @@ const sortedPrefix = (
 /** What produces next-token logits for the active rows: the KV cache or the recompute-everything reference. */
 interface Stepper {
   /** Logits [B_active, V] for the rows' next tokens. `appended` = the token each active row just got (absent first). */
-  readonly next: (view: Transformer.WeightView, appended?: ReadonlyArray<number>) => Float32Array
+  readonly next: (view: Transformer.WeightView, appended?: ReadonlyArray<number>) => Promise<Float32Array>
   /** Keep these active-row indices (in order). */
   readonly keep: (rows: ReadonlyArray<number>) => void
   readonly dispose: () => void
@@ -190,11 +190,11 @@ interface Stepper {
 const cacheStepper = (model: Transformer.Transformer, prompts: ReadonlyArray<ReadonlyArray<number>>): Stepper => {
   let cache: KvCache.KvCache | undefined
   return {
-    next: (view, appended) => {
+    next: async (view, appended) => {
       const stepped =
         cache === undefined || appended === undefined
-          ? KvCache.prefill(model, view, prompts)
-          : KvCache.extend(model, view, cache, appended)
+          ? await KvCache.prefill(model, view, prompts)
+          : await KvCache.extend(model, view, cache, appended)
       cache = stepped.cache
       return stepped.logits
     },
@@ -210,7 +210,7 @@ const cacheStepper = (model: Transformer.Transformer, prompts: ReadonlyArray<Rea
 const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray<ReadonlyArray<number>>): Stepper => {
   let sequences = prompts.map((p) => [...p])
   return {
-    next: (view, appended) => {
+    next: async (view, appended) => {
       if (appended !== undefined) sequences.forEach((s, i) => s.push(appended[i]!))
       const B = sequences.length
       const T = Math.max(...sequences.map((s) => s.length))
@@ -225,9 +225,11 @@ const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray
         ]) as tf.Tensor2D
         return Transformer.logitsOf(view, last) // [B, V]
       })
-      const data = logits.dataSync() as Float32Array // read outside the tidy (it would walk every index)
-      logits.dispose()
-      return data
+      try {
+        return (await logits.data()) as Float32Array // read outside the tidy (it would walk every index)
+      } finally {
+        logits.dispose()
+      }
     },
     keep: (rows) => {
       sequences = rows.map((r) => sequences[r]!)
@@ -314,7 +316,7 @@ export const generate = async (
         view = Transformer.inferenceView(model)
         version = v
       }
-      const logits = stepper.next(view, appended)
+      const logits = await stepper.next(view, appended)
       const V = logits.length / active.length
       const still: Array<number> = []
       appended = []

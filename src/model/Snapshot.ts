@@ -8,18 +8,29 @@ import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as Transformer from "./Transformer.ts"
 
-/** Export the model's effective weights (adapters merged) as a snapshot at `version`. Reads synchronously. */
-export const fromModel = (model: Transformer.Transformer, version: PolicyVersion): WeightSnapshot.WeightSnapshot => {
-  const arrays = Transformer.toHfArrays(model)
-  const data = arrays.map((t) => {
+/**
+ * Export the model's effective weights (adapters merged) as a snapshot at `version`. Async (webgpu has no synchronous
+ * download); the weights must not change until it resolves.
+ */
+export const fromModel = async (
+  model: Transformer.Transformer,
+  version: PolicyVersion
+): Promise<WeightSnapshot.WeightSnapshot> => {
+  const arrays = await Transformer.toHfArrays(model)
+  const data: Array<Float32Array> = []
+  for (const t of arrays) {
     const adapter = model.adapters.get(t.name.replace(/\.weight$/, ""))
-    if (adapter === undefined) return t.data
+    if (adapter === undefined) {
+      data.push(t.data)
+      continue
+    }
     // held Δ = s · Aᵀ Bᵀ [in, out]; HF layout is its transpose [out, in]
-    const delta = tf.tidy(() => tf.transpose(tf.mul(tf.matMul(adapter.a, adapter.b), adapter.scale)).dataSync())
+    const deltaTensor = tf.tidy(() => tf.transpose(tf.mul(tf.matMul(adapter.a, adapter.b), adapter.scale))) // [out, in]
+    const delta = await deltaTensor.data().finally(() => deltaTensor.dispose())
     const out = new Float32Array(t.data)
     for (let i = 0; i < out.length; i++) out[i] = out[i]! + delta[i]!
-    return out
-  })
+    data.push(out)
+  }
   return WeightSnapshot.make({ version, names: arrays.map((t) => t.name), shapes: arrays.map((t) => t.shape), data })
 }
 

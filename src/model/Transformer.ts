@@ -176,15 +176,22 @@ export const init = (config: TransformerConfig, seed = 0, initializerRange = 0.0
   })
 }
 
-/** All weights in HF layout and names (linear weights transposed back to `[out, in]`). Reads synchronously. */
-export const toHfArrays = (
+/**
+ * All weights in HF layout and names (linear weights transposed back to `[out, in]`). Async (webgpu has no
+ * synchronous download); one weight is downloaded at a time, so only one held-layout copy is alive beside the result.
+ * The weights must not change until it resolves.
+ */
+export const toHfArrays = async (
   model: Transformer
-): Array<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }> =>
-  parameterSpecs(model.config).map((spec) => {
-    const held = model.params.get(spec.name)!.dataSync() as Float32Array
+): Promise<Array<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }>> => {
+  const out: Array<{ readonly name: string; readonly shape: ReadonlyArray<number>; readonly data: Float32Array }> = []
+  for (const spec of parameterSpecs(model.config)) {
+    const held = (await model.params.get(spec.name)!.data()) as Float32Array
     const data = spec.transposed ? transpose2d(held, spec.hfShape[1]!, spec.hfShape[0]!) : new Float32Array(held)
-    return { name: spec.name, shape: spec.hfShape, data }
-  })
+    out.push({ name: spec.name, shape: spec.hfShape, data })
+  }
+  return out
+}
 
 /** Overwrite one weight from HF-layout data (in place: the variable keeps its identity, so optimizers still hold it). */
 export const assignHf = (model: Transformer, name: string, shape: ReadonlyArray<number>, data: Float32Array): void => {

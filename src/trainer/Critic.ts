@@ -22,9 +22,11 @@ export interface Critic {
   readonly optimizer: Optimizer.AdamW
 }
 
-export const make = (policy: Transformer.Transformer, config: OptimizerConfig): Critic => {
+export const make = async (policy: Transformer.Transformer, config: OptimizerConfig): Promise<Critic> => {
+  // the policy's weights are downloaded before any critic tensor exists: nothing to free if the read fails
+  const weights = await Snapshot.fromModel(policy, PolicyVersion.initial)
   const model = Transformer.init(policy.config, 0)
-  Snapshot.load(model, Snapshot.fromModel(policy, PolicyVersion.initial))
+  Snapshot.load(model, weights)
   const head = tf.tidy(() => tf.variable(tf.zeros([policy.config.hiddenSize, 1]), true, `critic${model.id}/value_head`))
   const optimizer = Optimizer.make([...Transformer.trainableVariables(model), head], config)
   return { model, head, optimizer }
@@ -50,18 +52,23 @@ export const valuesTensor = (critic: Critic, batch: TrainingBatch.Batch): tf.Ten
     return tf.concat([tf.zeros([B, 1]), tf.slice(v, [0, 0], [B, T - 1])], 1) as tf.Tensor2D // V(s_t) = v(h_{t−1})
   })
 
-/** V(s_t) as plain numbers (no gradient), for GAE. */
-export const values = (critic: Critic, batch: TrainingBatch.Batch): Array<Array<number>> =>
-  tf.tidy(() => valuesTensor(critic, batch).arraySync())
+/** V(s_t) as plain numbers (no gradient), for GAE. Async: the values are downloaded after the forward pass. */
+export const values = async (critic: Critic, batch: TrainingBatch.Batch): Promise<Array<Array<number>>> => {
+  const v = valuesTensor(critic, batch) // [B, T]
+  return v.array().finally(() => v.dispose())
+}
 
-/** One critic optimizer step on rows [from, to): the PPO value loss against the batch's GAE returns. */
-export const update = (
+/**
+ * One critic optimizer step on rows [from, to): the PPO value loss against the batch's GAE returns. Async: the
+ * diagnostics and the gradient norm are downloaded.
+ */
+export const update = async (
   critic: Critic,
   batch: TrainingBatch.Batch,
   from: number,
   to: number,
   options: { readonly valueClip: number; readonly lr: number; readonly microBatch: number }
-): Record<string, number> => {
+): Promise<Record<string, number>> => {
   let accumulated: tf.NamedTensorMap | undefined
   const collected: Array<Record<string, number>> = []
   const rows = to - from
@@ -85,13 +92,13 @@ export const update = (
         }),
       [...Transformer.trainableVariables(critic.model), critic.head]
     )
-    collected.push(Diagnostics.read(result.metrics))
     result.value.dispose()
     accumulated = Optimizer.accumulate(accumulated, result.grads)
+    collected.push(await Diagnostics.read(result.metrics))
   }
   if (accumulated === undefined) return {}
-  const gradNorm = critic.optimizer.apply(accumulated, options.lr)
-  tf.dispose(accumulated)
+  const summed = accumulated
+  const gradNorm = await critic.optimizer.apply(summed, options.lr).finally(() => tf.dispose(summed))
   const mean = (key: string) => collected.reduce((s, m) => s + (m[key] ?? 0), 0) / Math.max(1, collected.length)
   return {
     "critic/value_loss": mean("valueLoss"),

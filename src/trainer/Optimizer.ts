@@ -30,10 +30,14 @@ export interface State {
 }
 
 export interface AdamW {
-  /** Apply one update; returns the pre-clip global gradient norm. `grads` keyed by variable name. */
-  readonly apply: (grads: tf.NamedTensorMap, lr: number) => number
+  /**
+   * Apply one update; resolves to the pre-clip global gradient norm. `grads` keyed by variable name, owned by the
+   * caller (kept alive until this resolves). Async: the norm is downloaded (webgpu has no synchronous read).
+   */
+  readonly apply: (grads: tf.NamedTensorMap, lr: number) => Promise<number>
   readonly step: () => number
-  readonly state: () => State
+  /** The moments as plain arrays (an async download). */
+  readonly state: () => Promise<State>
   readonly restore: (state: State) => void
   readonly dispose: () => void
 }
@@ -66,12 +70,12 @@ export const make = (variables: ReadonlyArray<tf.Variable>, c: OptimizerConfig):
     }
     return s
   }
-  const apply = (grads: tf.NamedTensorMap, lr: number): number => {
+  const apply = async (grads: tf.NamedTensorMap, lr: number): Promise<number> => {
     const entries = Object.entries(grads).filter(([name]) => byName.has(name))
     if (entries.length === 0) return 0
     const normTensor = globalNorm(entries.map(([, g]) => g))
-    const norm = normTensor.dataSync()[0]!
-    normTensor.dispose()
+    // the clip scale is computed in JS from the downloaded norm (as float32 → number), so every backend clips alike
+    const norm = (await normTensor.data().finally(() => normTensor.dispose()))[0]!
     if (!Number.isFinite(norm)) throw new Error(`AdamW: non-finite gradient norm (${norm}) at step ${t}`)
     const scale = c.max_grad_norm > 0 && norm > c.max_grad_norm ? c.max_grad_norm / (norm + 1e-6) : 1
     t += 1
@@ -97,12 +101,14 @@ export const make = (variables: ReadonlyArray<tf.Variable>, c: OptimizerConfig):
   return {
     apply,
     step: () => t,
-    state: () => ({
-      step: t,
-      names: [...m.keys()],
-      m: [...m.values()].map((x) => x.dataSync() as Float32Array),
-      v: [...m.keys()].map((name) => v.get(name)!.dataSync() as Float32Array)
-    }),
+    state: async () => {
+      // t is read and every download started before the first await: the step and the moments are of one moment
+      const step = t
+      const names = [...m.keys()]
+      const mData = Promise.all(names.map((name) => m.get(name)!.data() as Promise<Float32Array>))
+      const vData = Promise.all(names.map((name) => v.get(name)!.data() as Promise<Float32Array>))
+      return { step, names, m: await mData, v: await vData }
+    },
     restore: (state) => {
       t = state.step
       state.names.forEach((name, i) => {

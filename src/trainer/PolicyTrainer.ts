@@ -24,7 +24,8 @@
  *
  * A step is synchronous tfjs compute on the thread that also runs the agent loops (engine hand-offs, MCP tool calls):
  * it yields to the event loop (`Effect.yieldNow`, a `setImmediate`) before every forward pass and before the optimizer
- * update, so trajectories keep moving while an async run trains. It is uninterruptible: the weights, the optimizer
+ * update, so trajectories keep moving while an async run trains. Every read of a tensor is an awaited download
+ * (`data()`/`array()`, outside any tidy): webgpu has no synchronous read, and on wasm/cpu it resolves at once. It is uninterruptible: the weights, the optimizer
  * and the policy version change together or not at all.
  */
 import * as tf from "@tensorflow/tfjs"
@@ -77,20 +78,19 @@ const lossConfig = (t: TrainerConfig): Partial<PolicyLoss.Config> => ({
   offPolicyCorrection: offPolicyConfig(t)
 })
 
-/** Token log-probs of a micro-batch under `model`, no gradient, as plain arrays. */
-const logProbsOf = (
+/** Token log-probs of a micro-batch under `model`, no gradient, as plain arrays (downloaded asynchronously). */
+const logProbsOf = async (
   model: Transformer.Transformer,
   batch: TrainingBatch.Batch,
   temperature: number
-): Array<Array<number>> =>
-  tf.tidy(() => {
-    const { logprobs } = LogProbs.ofSequences(
-      model,
-      { ids: batch.ids, attentionMask: batch.attentionMask },
-      { temperature }
-    )
-    return logprobs.arraySync()
-  })
+): Promise<Array<Array<number>>> => {
+  const { logprobs } = LogProbs.ofSequences(
+    model,
+    { ids: batch.ids, attentionMask: batch.attentionMask },
+    { temperature }
+  ) // [b, L]
+  return logprobs.array().finally(() => logprobs.dispose())
+}
 
 /** sg(x): the value of x with a zero gradient (torch's `.detach()`). */
 const stopGradient = <T extends tf.Tensor>(x: T): T =>
@@ -119,24 +119,26 @@ export interface MicroBatch {
 
 /**
  * ∇ [ share·L_policy(π_θ, π_old, Â, π_rollout) + klShare·β_KL·L_KL − share·β_H·H ] of one micro-batch, with its
- * diagnostics. The caller owns `value`, `grads` and `metrics` (Diagnostics.read / dispose).
+ * diagnostics. The caller owns `value`, `grads` and `metrics` (Diagnostics.read / dispose). Async only for `readOld`:
+ * sg(log π_θ) is downloaded after the gradient pass.
  */
-export const microBatchGrads = (
+export const microBatchGrads = async (
   model: Transformer.Transformer,
   variables: Array<tf.Variable>,
   options: LossOptions,
   input: MicroBatch
-): {
+): Promise<{
   readonly value: tf.Scalar
   readonly grads: tf.NamedTensorMap
   readonly metrics: Record<string, tf.Scalar>
   readonly old?: Array<Array<number>>
-} => {
+}> => {
   const algo = options.trainer.algorithm
   const { micro, share, klShare } = input
   const L = micro.length
   const rows = (x: Array<Array<number>>) => x.map((r) => r.slice(0, L))
-  let old: Array<Array<number>> | undefined
+  // sg(log π_θ) [b, L], kept past the gradient pass's tidy: owned here until read below
+  let old: tf.Tensor2D | undefined
   const result = Diagnostics.variableGrads(
     () =>
       tf.tidy(() => {
@@ -147,7 +149,7 @@ export const microBatchGrads = (
           { temperature: options.temperature, entropy: true }
         ) // [b, L]
         const oldLogProbs = input.old === "current" ? stopGradient(logprobs) : tf.tensor2d(rows(input.old)) // [b, L]
-        if (input.old === "current" && input.readOld === true) old = oldLogProbs.arraySync()
+        if (input.old === "current" && input.readOld === true) old = tf.keep(oldLogProbs)
         // a replayed success is trained as if sampled now: its π_rollout is π_old (ExperienceReplay)
         const sampled = tf.tensor2d(micro.rolloutLogProbs) // [b, L]
         const rolloutLogProbs = micro.replayed.some((r) => r === 1)
@@ -190,7 +192,9 @@ export const microBatchGrads = (
       }),
     variables
   )
-  return old === undefined ? result : { ...result, old }
+  if (old === undefined) return result
+  const kept = old
+  return { ...result, old: await kept.array().finally(() => kept.dispose()) }
 }
 
 const chunks = (n: number, size: number): Array<[number, number]> =>
@@ -229,20 +233,25 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     Effect.sync(() => Optimizer.make(variables, t.optimizer)),
     (o) => Effect.sync(() => o.dispose())
   )
-  const reference = needsRef
-    ? yield* Effect.acquireRelease(
-        Effect.sync(() => {
-          const ref = Transformer.init(model.config, 0)
-          Snapshot.load(ref, Snapshot.fromModel(model, PolicyVersion.initial))
-          return ref
-        }),
-        (ref) => Effect.sync(() => Transformer.dispose(ref))
-      )
+  // the policy's weights are downloaded before the reference exists: nothing to free if the read fails
+  const initialWeights = needsRef
+    ? yield* Effect.promise(() => Snapshot.fromModel(model, PolicyVersion.initial))
     : undefined
+  const reference =
+    initialWeights === undefined
+      ? undefined
+      : yield* Effect.acquireRelease(
+          Effect.sync(() => {
+            const ref = Transformer.init(model.config, 0)
+            Snapshot.load(ref, initialWeights)
+            return ref
+          }),
+          (ref) => Effect.sync(() => Transformer.dispose(ref))
+        )
   const critic =
     algo.advantage_estimator === "gae"
       ? yield* Effect.acquireRelease(
-          Effect.sync(() => Critic.make(model, t.critic_optimizer)),
+          Effect.promise(() => Critic.make(model, t.critic_optimizer)),
           (c) => Effect.sync(() => Critic.dispose(c))
         )
       : undefined
@@ -276,12 +285,12 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     x: TrainingBatch.Batch,
     from: number,
     to: number,
-    f: (m: TrainingBatch.Batch) => Array<Array<number>>
+    f: (m: TrainingBatch.Batch) => Promise<Array<Array<number>>>
   ) {
     const out: Array<Array<number>> = []
     for (const [a, b] of chunks(to - from, t.micro_train_batch_size)) {
       yield* breathe
-      for (const r of f(TrainingBatch.slice(x, from + a, from + b)))
+      for (const r of yield* Effect.promise(() => f(TrainingBatch.slice(x, from + a, from + b))))
         out.push([...r, ...new Array<number>(x.length - r.length).fill(0)])
     }
     return out
@@ -318,31 +327,33 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         const current = old.slice(a, b).every((r) => r === undefined)
         if (!current && old.slice(a, b).some((r) => r === undefined)) throw new Error(`rows ${a}..${b}: partial π_old`)
         yield* breathe
-        const result = microBatchGrads(model, variables, lossOptions, {
-          micro,
-          old: current ? "current" : (old.slice(a, b) as Array<Array<number>>),
-          ref: ref?.slice(a, b),
-          share,
-          klShare: (b - a) / miniRows,
-          readOld: current && keepOld
-        })
-        const values = Diagnostics.read(result.metrics)
-        const lossValue = result.value.dataSync()[0]!
-        result.value.dispose()
+        const result = yield* Effect.promise(() =>
+          microBatchGrads(model, variables, lossOptions, {
+            micro,
+            old: current ? "current" : (old.slice(a, b) as Array<Array<number>>),
+            ref: ref?.slice(a, b),
+            share,
+            klShare: (b - a) / miniRows,
+            readOld: current && keepOld
+          })
+        )
+        // the grads join the sum before the reads below await: `release` owns them from here, even on a bad loss
+        accumulated = Optimizer.accumulate(accumulated, result.grads)
+        const values = yield* Effect.promise(() => Diagnostics.read(result.metrics))
+        const lossValue = (yield* Effect.promise(() => result.value.data().finally(() => result.value.dispose())))[0]!
         if (!Number.isFinite(lossValue)) {
-          tf.dispose(result.grads)
           throw new Error(`non-finite loss (${lossValue}) at step ${step}, rows ${a}..${b}: ${JSON.stringify(values)}`)
         }
         result.old?.forEach((r, i) => {
           old[a + i] = [...r, ...new Array<number>(batch.length - r.length).fill(0)]
         })
         collected.push(values)
-        accumulated = Optimizer.accumulate(accumulated, result.grads)
       }
       if (accumulated === undefined) return {}
       yield* breathe
       const lr = Optimizer.learningRate(t.optimizer, optimizer.step(), options.totalSteps * updatesPerStep())
-      const gradNorm = optimizer.apply(accumulated, lr)
+      const summed = accumulated
+      const gradNorm = yield* Effect.promise(() => optimizer.apply(summed, lr))
       yield* release
       const values: Record<string, number> = {
         "loss/policy": mean(collected.map((m) => m["policyLoss"]!)),
@@ -395,7 +406,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
       let old: Array<Array<number> | undefined> | undefined
       if (refLogProbs !== undefined && algo.use_kl_in_reward) {
         const old0 = yield* passOver(model, 0)
-        const kl = Kl.estimate(algo.kl_estimator_type, old0, refLogProbs)
+        const kl = yield* Effect.promise(() => Kl.estimate(algo.kl_estimator_type, old0, refLogProbs))
         batch = TrainingBatch.build(groups, { ...withValues, klPenalty: { kl, coef: klController.value } })
         const observed = mean(
           kl.map((r, i) => {
@@ -429,11 +440,13 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
               )
               Object.assign(
                 values,
-                Critic.update(critic, batch, a, b, {
-                  valueClip: algo.value_clip,
-                  lr,
-                  microBatch: t.micro_train_batch_size
-                })
+                yield* Effect.promise(() =>
+                  Critic.update(critic, batch, a, b, {
+                    valueClip: algo.value_clip,
+                    lr,
+                    microBatch: t.micro_train_batch_size
+                  })
+                )
               )
             }
             updates.push(values)
@@ -475,12 +488,12 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   return Trainer.of({
     step,
     version: Ref.get(versionRef),
-    snapshot: Effect.flatMap(Ref.get(versionRef), (v) => Effect.sync(() => Snapshot.fromModel(model, v))),
+    snapshot: Effect.flatMap(Ref.get(versionRef), (v) => Effect.promise(() => Snapshot.fromModel(model, v))),
     state: Effect.gen(function* () {
       const state: TrainerState = {
         step: yield* Ref.get(stepRef),
         version: yield* Ref.get(versionRef),
-        optimizer: optimizer.state(),
+        optimizer: yield* Effect.promise(() => optimizer.state()),
         klCoef: klController.value,
         ...(replayConfig === undefined ? {} : { replay: ExperienceReplay.entries(replayBuffer) })
       }

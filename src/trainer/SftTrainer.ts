@@ -117,15 +117,19 @@ const maskedNllSum = (model: Transformer.Transformer, micro: Padded, training: b
   return tf.neg(tf.sum(tf.mul(logprobs, mask))) as tf.Scalar
 }
 
-/** Token-mean loss of `examples` under the model's current weights, no gradient. NaN when nothing is masked in. */
-export const evaluate = (
+/**
+ * Token-mean loss of `examples` under the model's current weights, no gradient. NaN when nothing is masked in.
+ * Async: each micro-batch's sum is downloaded (webgpu has no synchronous read).
+ */
+export const evaluate = async (
   model: Transformer.Transformer,
   examples: ReadonlyArray<SftDataset.Example>,
   options: { readonly microBatchSize: number; readonly padId: number }
-): number => {
+): Promise<number> => {
   let nll = 0
   for (const chunk of byLength(examples, options.microBatchSize)) {
-    nll += tf.tidy(() => maskedNllSum(model, pad(chunk, options.padId), false).dataSync()[0]!)
+    const sum = tf.tidy(() => maskedNllSum(model, pad(chunk, options.padId), false)) // []
+    nll += (await sum.data().finally(() => sum.dispose()))[0]!
   }
   const count = lossTokensOf(examples)
   return count === 0 ? Number.NaN : nll / count
@@ -139,16 +143,17 @@ export interface StepStats {
 }
 
 /**
- * One optimizer step on `batch`: accumulate ∇L over micro-batches, then AdamW at learning rate `lr`.
+ * One optimizer step on `batch`: accumulate ∇L over micro-batches, then AdamW at learning rate `lr`. Async: the loss
+ * and the gradient norm are downloaded.
  * @throws Error on a non-finite loss (nothing is applied then).
  */
-export const trainStep = (
+export const trainStep = async (
   model: Transformer.Transformer,
   optimizer: Optimizer.AdamW,
   variables: Array<tf.Variable>,
   batch: ReadonlyArray<SftDataset.Example>,
   options: { readonly microBatchSize: number; readonly padId: number; readonly lr: number }
-): StepStats => {
+): Promise<StepStats> => {
   const lossTokens = lossTokensOf(batch)
   const tokens = batch.reduce((n, e) => n + e.ids.length, 0)
   if (lossTokens === 0) return { loss: 0, gradNorm: 0, tokens, lossTokens }
@@ -161,8 +166,7 @@ export const trainStep = (
       () => tf.div(maskedNllSum(model, micro, true), lossTokens) as tf.Scalar,
       variables
     )
-    loss += value.dataSync()[0]!
-    value.dispose()
+    loss += (await value.data().finally(() => value.dispose()))[0]!
     if (accumulated === undefined) accumulated = grads
     else {
       const sum: tf.NamedTensorMap = {}
@@ -178,8 +182,8 @@ export const trainStep = (
     tf.dispose(accumulated)
     throw new Error(`SFT: non-finite loss (${loss}) on a batch of ${batch.length} sequences`)
   }
-  const gradNorm = optimizer.apply(accumulated!, options.lr)
-  tf.dispose(accumulated)
+  const summed = accumulated!
+  const gradNorm = await optimizer.apply(summed, options.lr).finally(() => tf.dispose(summed))
   return { loss, gradNorm, tokens, lossTokens }
 }
 
@@ -206,7 +210,7 @@ export const totalSteps = (config: SftConfig, examples: number): number =>
 const saveWeights = async (model: Transformer.Transformer, dir: string, step: number): Promise<void> => {
   if (model.adapters.size === 0) return Checkpoint.save(model, dir)
   await Checkpoint.save(model, dir) // config.json and the base weights, then overwritten by the merged ones
-  const snapshot = Snapshot.fromModel(model, PolicyVersion.make(step))
+  const snapshot = await Snapshot.fromModel(model, PolicyVersion.make(step))
   await Checkpoint.writeTensors(
     dir,
     snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! }))
@@ -327,7 +331,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     const batch = order.slice(position * c.batch_size, (position + 1) * c.batch_size).map((i) => train[i]!)
     const lr = Optimizer.learningRate(c.optimizer, step - 1, total)
     const stepStarted = yield* Clock.currentTimeMillis
-    const stats = yield* Effect.try({
+    const stats = yield* Effect.tryPromise({
       try: () => trainStep(model, optimizer, variables, batch, { ...micro, lr }),
       catch: (cause) => new Error(`step ${step}: ${cause instanceof Error ? cause.message : String(cause)}`)
     }).pipe(Effect.orDie)
@@ -343,7 +347,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     const last = step === total
     const evaluated =
       evalSet.length > 0 && (last || (c.eval_interval > 0 && step % c.eval_interval === 0))
-        ? evaluate(model, evalSet, micro)
+        ? yield* Effect.promise(() => evaluate(model, evalSet, micro))
         : undefined
     if (evaluated !== undefined) evalLoss = evaluated
     if (last || evaluated !== undefined || step % c.log_interval === 0) {

@@ -5,7 +5,7 @@ import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import { assertClose, t2 } from "./assertions.ts"
 
 describe("Diagnostics.variableGrads", () => {
-  it("returns the gradient together with the loss's metrics, which tf.variableGrads alone would dispose", () => {
+  it("returns the gradient together with the loss's metrics, which tf.variableGrads alone would dispose", async () => {
     // ρ = [2, 1]: token 0 clipped (Â = 1 → −1.2, zero gradient), token 1 inside (−1·1); token_mean over 2
     const before = tf.memory().numTensors
     const initial = t2([[Math.log(2), 0]])
@@ -21,7 +21,7 @@ describe("Diagnostics.variableGrads", () => {
     )
     assertClose(result.value.dataSync()[0]!, (-1.2 - 1) / 2, 1e-6)
     assertClose(result.grads[logProbs.name]!.arraySync() as number[][], [[0, -0.5]], 1e-6)
-    const metrics = Diagnostics.read(result.metrics)
+    const metrics = await Diagnostics.read(result.metrics)
     assertClose([metrics.clipRatio, metrics.approxKl], [0.5, (1 - Math.log(2)) / 2], 1e-6)
     // read() freed the metrics; the rest is the caller's
     result.value.dispose()

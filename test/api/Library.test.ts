@@ -3,7 +3,7 @@ import { Effect } from "effect"
 import * as EffectRl from "../../src/index.ts"
 
 describe("effect-rl library API", () => {
-  it("exposes SkyRL-shaped maths on plain arrays", () => {
+  it("exposes SkyRL-shaped maths on plain arrays", async () => {
     // one group of two: rewards [1, 0] on the last token → Â = ±1/√2 (SkyRL's unbiased std)
     const { advantages } = EffectRl.Advantages.compute("grpo", {
       tokenLevelRewards: [
@@ -18,9 +18,9 @@ describe("effect-rl library API", () => {
     })
     assert.closeTo(advantages[0]![0]!, Math.SQRT1_2, 1e-5)
     assert.closeTo(advantages[1]![1]!, -Math.SQRT1_2, 1e-5)
-    const kl = EffectRl.Kl.estimate("k1", [[-1]], [[-1.5]])
+    const kl = await EffectRl.Kl.estimate("k1", [[-1]], [[-1.5]])
     assert.closeTo(kl[0]![0]!, 0.5, 1e-6)
-    const loss = EffectRl.PolicyLoss.compute(
+    const loss = await EffectRl.PolicyLoss.compute(
       "regular",
       { logProbs: [[-1]], oldLogProbs: [[-1]], advantages: [[2]], lossMask: [[1]] },
       { epsClipLow: 0.2, epsClipHigh: 0.2, lossReduction: "token_mean" }
@@ -38,7 +38,7 @@ describe("effect-rl library API", () => {
     })
   )
 
-  it("builds a tiny model and scores token ids with it", () => {
+  it("builds a tiny model and scores token ids with it", async () => {
     const config = EffectRl.ModelConfig.fromInit({
       architecture: "qwen3",
       vocab_size: 32,
@@ -53,7 +53,7 @@ describe("effect-rl library API", () => {
       tie_word_embeddings: true
     })
     const model = EffectRl.Transformer.init(config, 1)
-    const logprobs = EffectRl.LogProbs.ofIds(model, [1, 5, 9])
+    const logprobs = await EffectRl.LogProbs.ofIds(model, [1, 5, 9])
     EffectRl.Transformer.dispose(model)
     assert.strictEqual(logprobs.length, 2)
     for (const lp of logprobs) assert.isBelow(lp, 0)

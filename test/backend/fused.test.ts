@@ -40,6 +40,18 @@ const bothWays = (f: () => Array<tf.Tensor>): { native: Array<Float32Array>; sto
   return { native: nativeValues, stock: run() }
 }
 
+/** `bothWays` for async work that returns its values itself (KV-cache decoding reads its logits asynchronously). */
+const bothWaysAsync = async (
+  f: () => Promise<Array<Float32Array>>
+): Promise<{ native: Array<Float32Array>; stock: Array<Float32Array> }> => {
+  NativeKernels.register("wasm")
+  assert.isTrue(Fused.nativeAvailable())
+  const nativeValues = await f()
+  NativeKernels.unregister("wasm")
+  assert.isFalse(Fused.nativeAvailable())
+  return { native: nativeValues, stock: await f() }
+}
+
 /** max |got − want| / max(max |want|, 1e-6). */
 const relativeError = (got: Float32Array, want: Float32Array): number => {
   assert.strictEqual(got.length, want.length)
@@ -345,37 +357,37 @@ describe.skipIf(!native.available)("Fused kernels", () => {
     Transformer.dispose(model)
   })
 
-  it("KV-cache decoding (prefill, extend in place, select, merge, trim) gives the stock logits", () => {
+  it("KV-cache decoding (prefill, extend in place, select, merge, trim) gives the stock logits", async () => {
     const model = Transformer.init(tinyConfig(), 4)
     const prompts = [
       [1, 2, 3, 4, 5],
       [6, 7],
       [8, 9, 10]
     ]
-    const run = () => {
+    const run = async () => {
       const view = Transformer.inferenceView(model)
-      let { cache, logits } = KvCache.prefill(model, view, prompts)
+      let { cache, logits } = await KvCache.prefill(model, view, prompts)
       const all = [logits]
       for (let i = 0; i < 4; i++) {
-        const stepped = KvCache.extend(model, view, cache, [i, i + 1, i + 2].slice(0, cache.batch))
+        const stepped = await KvCache.extend(model, view, cache, [i, i + 1, i + 2].slice(0, cache.batch))
         cache = stepped.cache
         all.push(stepped.logits)
         if (i === 1) cache = KvCache.select(cache, [2, 0])
         if (i === 2) {
-          const joined = KvCache.prefill(model, view, [[11, 12, 13, 14, 15, 16, 17, 18, 19]])
+          const joined = await KvCache.prefill(model, view, [[11, 12, 13, 14, 15, 16, 17, 18, 19]])
           cache = KvCache.merge(cache, joined.cache) // left-pads the shorter one
           all.push(joined.logits)
         }
       }
       cache = KvCache.trim(KvCache.select(cache, [1]))
-      const last = KvCache.extend(model, view, cache, [5])
+      const last = await KvCache.extend(model, view, cache, [5])
       cache = last.cache
       all.push(last.logits)
       KvCache.dispose(cache)
       Transformer.disposeView(view)
-      return all.map((l) => tf.tensor(l))
+      return all
     }
-    assertClose("decode logits", bothWays(run))
+    assertClose("decode logits", await bothWaysAsync(run))
     Transformer.dispose(model)
   })
 

@@ -77,7 +77,7 @@ describe("LocalEngine", () => {
       Effect.gen(function* () {
         const engine = yield* InferenceEngine
         const other = Transformer.init(config, 12, 0.3)
-        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(1))
+        const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(1)))
         Transformer.dispose(other)
         const fiber = yield* Effect.forkChild(engine.generate([{ promptIds: [1, 2, 3], sampling: greedy(40) }]))
         yield* turns(5)
@@ -88,7 +88,7 @@ describe("LocalEngine", () => {
         assert.strictEqual(result!.policyVersionLast, 1)
         assert.strictEqual(result!.tokens.length, 40)
         // the engine's model now holds the new weights
-        assert.deepStrictEqual(Transformer.toHfArrays(model)[0]!.data, snapshot.data[0])
+        assert.deepStrictEqual((yield* Effect.promise(() => Transformer.toHfArrays(model)))[0]!.data, snapshot.data[0])
       })
     )
   )

@@ -125,7 +125,7 @@ describe("serve + RemoteEngine", () => {
         const prompt = [1, 2, 3, 4]
         const before = yield* engine.generate([{ promptIds: prompt, sampling: greedy(10) }])
         const other = Transformer.init(config, 12, 0.3)
-        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(1))
+        const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(1)))
         Transformer.dispose(other)
         const timings: Array<HttpWeightSync.SyncTiming> = []
         yield* HttpWeightSync.make({ url, token, chunkBytes: 4096, onSynced: (t) => timings.push(t) }).pipe(
@@ -156,7 +156,7 @@ describe("serve + RemoteEngine", () => {
         const missing = yield* Effect.promise(() => fetch(`${url}/v1/weights`, { method: "POST", body: "x" }))
         assert.strictEqual(missing.status, 401)
         const other = Transformer.init(config, 12, 0.3)
-        const snapshot = Snapshot.fromModel(other, PolicyVersion.make(3))
+        const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(3)))
         Transformer.dispose(other)
         const wrong = yield* HttpWeightSync.upload({ url, token: "wrong" }, snapshot).pipe(
           Effect.provide(FetchHttpClient.layer),
@@ -216,11 +216,9 @@ describe("serve + RemoteEngine", () => {
         const scored = yield* post(`${url}/v1/completions`, { prompt: [7, 8, 9], max_tokens: 1, prompt_logprobs: 0 })
         const entries = scored.body.choices[0]!.prompt_logprobs!
         assert.strictEqual(entries[0], null)
-        const expectedPrompt = yield* Effect.sync(() => {
+        const expectedPrompt = yield* Effect.promise(() => {
           const model = Transformer.init(config, 11, 0.3)
-          const values = LogProbs.ofIds(model, [7, 8, 9])
-          Transformer.dispose(model)
-          return values
+          return LogProbs.ofIds(model, [7, 8, 9]).finally(() => Transformer.dispose(model))
         })
         assert.closeTo(entries[1]!["8"]!.logprob, expectedPrompt[0]!, 1e-4)
         assert.closeTo(entries[2]!["9"]!.logprob, expectedPrompt[1]!, 1e-4)
@@ -264,7 +262,7 @@ describe("serve + RemoteEngine", () => {
           yield* Effect.addFinalizer(() => Effect.promise(() => fs.rm(watchDir, { recursive: true, force: true })))
           const engine = yield* InferenceEngine
           const other = Transformer.init(config, 12, 0.3)
-          const snapshot = Snapshot.fromModel(other, PolicyVersion.make(2))
+          const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(2)))
           Transformer.dispose(other)
           yield* FileWeightSync.make({ dir: watchDir }).publish({
             version: PolicyVersion.make(2),

@@ -48,7 +48,7 @@ const withWorker = <A, E>(pauseMode: WorkerEngine.PauseMode, body: Effect.Effect
   )
 
 const snapshotOf = (seed: number, version: number) =>
-  Effect.map(scopedModel(seed), (m) => Snapshot.fromModel(m, PolicyVersion.make(version)))
+  Effect.flatMap(scopedModel(seed), (m) => Effect.promise(() => Snapshot.fromModel(m, PolicyVersion.make(version))))
 
 const localGreedy = (seed: number, prompt: ReadonlyArray<number>, n: number) =>
   Effect.scoped(

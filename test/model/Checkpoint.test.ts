@@ -26,8 +26,11 @@ const config = ModelConfig.fromInit({
   tie_word_embeddings: false
 })
 
-const bytesOf = (model: Transformer.Transformer) =>
-  Transformer.toHfArrays(model).map((t) => ({ name: t.name, bytes: Buffer.from(t.data.buffer).toString("hex") }))
+const bytesOf = async (model: Transformer.Transformer) =>
+  (await Transformer.toHfArrays(model)).map((t) => ({
+    name: t.name,
+    bytes: Buffer.from(t.data.buffer).toString("hex")
+  }))
 
 describe("Safetensors", () => {
   it("round-trips F32 exactly and rounds to BF16 to nearest even", () => {
@@ -66,7 +69,7 @@ describe("Checkpoint", () => {
     const a = await Checkpoint.load(path.join(tmp, "a"))
     await Checkpoint.save(a.model, path.join(tmp, "b"))
     const b = await Checkpoint.load(path.join(tmp, "b"))
-    assert.deepStrictEqual(bytesOf(b.model), bytesOf(model))
+    assert.deepStrictEqual(await bytesOf(b.model), await bytesOf(model))
     assert.deepStrictEqual(
       fs.readFileSync(path.join(tmp, "a/model.safetensors")),
       fs.readFileSync(path.join(tmp, "b/model.safetensors"))
@@ -92,7 +95,7 @@ describe("Checkpoint", () => {
     assert.strictEqual(c.dtype, "BF16")
     await Checkpoint.save(c.model, path.join(tmp, "d"), { dtype: "BF16", maxShardBytes: 4000 })
     const d = await Checkpoint.load(path.join(tmp, "d"))
-    assert.deepStrictEqual(bytesOf(d.model), bytesOf(c.model))
+    assert.deepStrictEqual(await bytesOf(d.model), await bytesOf(c.model))
     ;[model, c.model, d.model].forEach(Transformer.dispose)
     assert.strictEqual(tf.memory().numTensors, 0)
   })

@@ -92,7 +92,7 @@ describe("Lora", () => {
     logp(model).forEach((v, i) => assert.approximately(v, adapted[i]!, 1e-6))
     // a snapshot carries the merged weights: a plain model loaded from it computes the adapted outputs
     const plain = Transformer.init(config, 99)
-    Snapshot.load(plain, Snapshot.fromModel(model, PolicyVersion.make(3)))
+    Snapshot.load(plain, await Snapshot.fromModel(model, PolicyVersion.make(3)))
     logp(plain).forEach((v, i) => assert.approximately(v, adapted[i]!, 1e-5))
     Transformer.dispose(model)
     Transformer.dispose(plain)
@@ -101,13 +101,13 @@ describe("Lora", () => {
 })
 
 describe("Snapshot", () => {
-  it("fromModel → load copies weights exactly in HF layout; rejects shape mismatches untouched", () => {
+  it("fromModel → load copies weights exactly in HF layout; rejects shape mismatches untouched", async () => {
     const a = Transformer.init(config, 3)
     const b = Transformer.init(config, 4)
-    const snap = Snapshot.fromModel(a, PolicyVersion.make(1))
+    const snap = await Snapshot.fromModel(a, PolicyVersion.make(1))
     assert.deepStrictEqual(snap.shapes[snap.names.indexOf("model.layers.0.mlp.gate_proj.weight")], [24, 16])
     Snapshot.load(b, snap)
-    assert.deepStrictEqual(Transformer.toHfArrays(b), Transformer.toHfArrays(a))
+    assert.deepStrictEqual(await Transformer.toHfArrays(b), await Transformer.toHfArrays(a))
     const bad = { ...snap, shapes: snap.shapes.map((s, i) => (i === 1 ? [s[0]! + 1] : s)) }
     assert.throws(() => Snapshot.load(b, bad), /has shape/)
     Transformer.dispose(a)

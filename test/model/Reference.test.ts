@@ -135,7 +135,7 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
     it(`${c.name}: every token's log-prob within 1e-4`, async () => {
       const { model } = await Checkpoint.load(dirOf(i))
       const ids = idsOf(i, c.init.vocab_size)
-      const ours = LogProbs.ofIds(model, ids)
+      const ours = await LogProbs.ofIds(model, ids)
       // the function behind `model logprobs --model DIR --ids ...` gives the same numbers
       assert.deepStrictEqual(await Effect.runPromise(ModelCommand.logprobs(dirOf(i), ids)), ours)
       const theirs = expected[i]![0]!.slice(1)
@@ -155,7 +155,7 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
     logprobs.dispose()
     const theirs = expected[cases.length]!
     // and the padded row equals the unpadded sequence alone
-    const alone = LogProbs.ofIds(model, [5, 9, 13, 2, 40, 41])
+    const alone = await LogProbs.ofIds(model, [5, 9, 13, 2, 40, 41])
     for (let t = 4; t < 9; t++) {
       assert.approximately(ours[0]![t]!, theirs[0]![t]!, 1e-4)
       assert.approximately(ours[0]![t]!, alone[t - 4]!, 1e-4)

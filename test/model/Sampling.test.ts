@@ -120,6 +120,7 @@ describe("Sampling.generate", () => {
   it("records the weights version per token when weights change between decode steps", async () => {
     const other = Transformer.init(config, 6, 0.3)
     const copy = Transformer.init(config, 5, 0.3)
+    const otherWeights = await Transformer.toHfArrays(other)
     let step = 0
     const [out] = await Sampling.generate(
       copy,
@@ -127,8 +128,7 @@ describe("Sampling.generate", () => {
       {
         beforeStep: () => {
           step++
-          if (step === 4)
-            for (const t of Transformer.toHfArrays(other)) Transformer.assignHf(copy, t.name, t.shape, t.data)
+          if (step === 4) for (const t of otherWeights) Transformer.assignHf(copy, t.name, t.shape, t.data)
           return step >= 4 ? 1 : 0
         }
       }
@@ -220,11 +220,11 @@ describe("KvCache.merge / trim", () => {
     const before = tf.memory().numTensors
     const argmax = (row: Float32Array) => row.indexOf(Math.max(...row))
     // reference: each prompt alone, greedy for 4 steps
-    const greedyAlone = (prompt: Array<number>) => {
-      let s = prefill(model, view, [prompt])
+    const greedyAlone = async (prompt: Array<number>) => {
+      let s = await prefill(model, view, [prompt])
       const out = [argmax(s.logits)]
       for (let i = 0; i < 3; i++) {
-        s = extend(model, view, s.cache, [out[out.length - 1]!])
+        s = await extend(model, view, s.cache, [out[out.length - 1]!])
         out.push(argmax(s.logits))
       }
       dispose(s.cache)
@@ -232,16 +232,16 @@ describe("KvCache.merge / trim", () => {
     }
     const a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     const b = [20, 21]
-    const expected = [greedyAlone(a), greedyAlone(b)]
-    const sa = prefill(model, view, [a])
-    const sb = prefill(model, view, [b])
+    const expected = [await greedyAlone(a), await greedyAlone(b)]
+    const sa = await prefill(model, view, [a])
+    const sb = await prefill(model, view, [b])
     let cache = merge(sa.cache, sb.cache)
     assert.strictEqual(cache.length, 9)
     const V = config.vocabSize
     let tokens = [argmax(sa.logits), argmax(sb.logits)]
     const got = [[tokens[0]!], [tokens[1]!]]
     for (let i = 0; i < 3; i++) {
-      const s = extend(model, view, cache, tokens)
+      const s = await extend(model, view, cache, tokens)
       cache = s.cache
       tokens = [argmax(s.logits.subarray(0, V)), argmax(s.logits.subarray(V))]
       got[0]!.push(tokens[0]!)
@@ -263,21 +263,21 @@ describe("PrefixCache", () => {
     const PrefixCache = await import("../../src/model/PrefixCache.ts")
     const view = Transformer.inferenceView(model)
     const before = tf.memory().numTensors
-    const cacheOf = (tokens: Array<number>) => KvCache.prefill(model, view, [tokens]).cache
+    const cacheOf = async (tokens: Array<number>) => (await KvCache.prefill(model, view, [tokens])).cache
     const a = [1, 2, 3, 4, 5, 6]
-    const probe = cacheOf(a)
+    const probe = await cacheOf(a)
     const perToken = KvCache.byteSize(probe) / a.length
     KvCache.dispose(probe)
     const prefixes = PrefixCache.make(perToken * 15)
-    prefixes.store(a, cacheOf(a))
-    prefixes.store([...a, 7, 8], cacheOf([...a, 7, 8])) // supersedes `a`
+    prefixes.store(a, await cacheOf(a))
+    prefixes.store([...a, 7, 8], await cacheOf([...a, 7, 8])) // supersedes `a`
     assert.strictEqual(prefixes.bytes(), perToken * 8)
     const hit = prefixes.lookup([...a, 7, 8])! // capped at length − 1
     assert.strictEqual(hit.length, 7)
     assert.strictEqual(hit.cache.length, 7)
     KvCache.dispose(hit.cache)
     assert.isUndefined(prefixes.lookup([9, 9, 9, 9, 9, 9]))
-    prefixes.store([9, 9, 9, 9, 9, 9, 9, 9], cacheOf([9, 9, 9, 9, 9, 9, 9, 9])) // 16 tokens > 15: evicts the oldest
+    prefixes.store([9, 9, 9, 9, 9, 9, 9, 9], await cacheOf([9, 9, 9, 9, 9, 9, 9, 9])) // 16 tokens > 15: evicts the oldest
     assert.isUndefined(prefixes.lookup([...a, 7, 8, 10]))
     const nines = prefixes.lookup([9, 9, 9, 9, 9, 9, 9, 9, 1])!
     assert.strictEqual(nines.length, 8)

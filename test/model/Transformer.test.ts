@@ -93,11 +93,11 @@ describe("Transformer", () => {
     })
   }
 
-  it("init is deterministic in the seed", () => {
+  it("init is deterministic in the seed", async () => {
     const config = ModelConfig.fromInit(init)
     const [a, b, c] = [Transformer.init(config, 1), Transformer.init(config, 1), Transformer.init(config, 2)]
-    assert.deepStrictEqual(Transformer.toHfArrays(a), Transformer.toHfArrays(b))
-    assert.notDeepEqual(Transformer.toHfArrays(a)[0]!.data, Transformer.toHfArrays(c)[0]!.data)
+    assert.deepStrictEqual(await Transformer.toHfArrays(a), await Transformer.toHfArrays(b))
+    assert.notDeepEqual((await Transformer.toHfArrays(a))[0]!.data, (await Transformer.toHfArrays(c))[0]!.data)
     ;[a, b, c].forEach(Transformer.dispose)
   })
 })

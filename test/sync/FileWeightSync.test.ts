@@ -30,12 +30,11 @@ const tempDir = Effect.acquireRelease(
   (d) => Effect.promise(() => fs.rm(d, { recursive: true, force: true }))
 )
 
-const snapshotOf = (seed: number, version: number) => {
-  const model = Transformer.init(config, seed, 0.3)
-  const snapshot = Snapshot.fromModel(model, PolicyVersion.make(version))
-  Transformer.dispose(model)
-  return snapshot
-}
+const snapshotOf = (seed: number, version: number) =>
+  Effect.promise(() => {
+    const model = Transformer.init(config, seed, 0.3)
+    return Snapshot.fromModel(model, PolicyVersion.make(version)).finally(() => Transformer.dispose(model))
+  })
 
 describe("FileWeightSync", () => {
   it.live("writes each version as a directory, points LATEST at the newest and keeps the newest `keep`", () =>
@@ -45,13 +44,13 @@ describe("FileWeightSync", () => {
         const dir = yield* tempDir
         const sync = FileWeightSync.make({ dir, keep: 2 })
         for (const v of [1, 2, 3]) {
-          yield* sync.publish({ version: PolicyVersion.make(v), snapshot: Effect.succeed(snapshotOf(v, v)) })
+          yield* sync.publish({ version: PolicyVersion.make(v), snapshot: snapshotOf(v, v) })
         }
         const entries = (yield* Effect.promise(() => fs.readdir(dir))).sort()
         assert.deepStrictEqual(entries, ["LATEST", "v000002", "v000003"]) // no temp files left behind
         assert.strictEqual(yield* Effect.promise(() => FileWeightSync.readLatest(dir)), 3)
         const back = yield* Effect.promise(() => FileWeightSync.readVersion(dir, 3))
-        const sent = snapshotOf(3, 3)
+        const sent = yield* snapshotOf(3, 3)
         assert.deepStrictEqual(back.names, sent.names)
         assert.deepStrictEqual(back.shapes, sent.shapes)
         back.data.forEach((d, i) => assert.deepStrictEqual(d, sent.data[i]))
@@ -70,7 +69,7 @@ describe("FileWeightSync", () => {
         )
         const engine = yield* LocalEngine.make({ model })
         yield* FileWeightSync.watch(dir, engine, { interval: "10 millis" })
-        const published = snapshotOf(12, 1)
+        const published = yield* snapshotOf(12, 1)
         yield* FileWeightSync.make({ dir }).publish({
           version: PolicyVersion.make(1),
           snapshot: Effect.succeed(published)
@@ -79,7 +78,7 @@ describe("FileWeightSync", () => {
           Effect.repeat({ schedule: Schedule.spaced("10 millis"), until: (v) => v === 1, times: 500 })
         )
         assert.strictEqual(version, 1)
-        const loaded = Snapshot.fromModel(model, PolicyVersion.make(1))
+        const loaded = yield* Effect.promise(() => Snapshot.fromModel(model, PolicyVersion.make(1)))
         assert.deepStrictEqual(loaded.names, published.names)
         loaded.data.forEach((d, i) => assert.deepStrictEqual(d, published.data[i], loaded.names[i]))
       })

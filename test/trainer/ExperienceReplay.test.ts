@@ -111,9 +111,10 @@ const setup = (replay: boolean) =>
   )
 
 const goodLogProb = (model: PolicyModel.PolicyModel["Service"]["model"]) =>
-  LogProbs.ofIds(model, [1, 2, ...good])
-    .slice(1)
-    .reduce((a, b) => a + b, 0)
+  Effect.map(
+    Effect.promise(() => LogProbs.ofIds(model, [1, 2, ...good])),
+    (values) => values.slice(1).reduce((a, b) => a + b, 0)
+  )
 
 describe("PolicyTrainer with experience_replay", () => {
   it.effect("trains all-failed groups against a kept success, which off-replay drops as zero-variance", () =>
@@ -125,12 +126,17 @@ describe("PolicyTrainer with experience_replay", () => {
             const trainer = yield* Trainer
             const { model } = yield* PolicyModel.PolicyModel
             const first = yield* trainer.step([group("a1", [1, 2], [1, 0, 0, 0])])
-            const before = goodLogProb(model)
+            const before = yield* goodLogProb(model)
             const later: Array<Record<string, number>> = []
             for (let i = 0; i < 4; i++) {
               later.push((yield* trainer.step([group(`a${i + 2}`, [1, 2], [0, 0, 0, 0])])).metrics)
             }
-            return { first: first.metrics, later, gain: goodLogProb(model) - before, state: yield* trainer.state }
+            return {
+              first: first.metrics,
+              later,
+              gain: (yield* goodLogProb(model)) - before,
+              state: yield* trainer.state
+            }
           }).pipe(Effect.provide(layer))
         })
       const on = yield* run(true)

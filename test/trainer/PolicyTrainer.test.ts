@@ -57,9 +57,10 @@ const setup = (overrides: ReadonlyArray<string> = []) =>
   )
 
 const sequenceLogProb = (model: PolicyModel.PolicyModel["Service"]["model"], response: ReadonlyArray<number>) =>
-  LogProbs.ofIds(model, [1, 2, ...response])
-    .slice(1)
-    .reduce((a, b) => a + b, 0)
+  Effect.map(
+    Effect.promise(() => LogProbs.ofIds(model, [1, 2, ...response])),
+    (values) => values.slice(1).reduce((a, b) => a + b, 0)
+  )
 
 describe("PolicyTrainer", () => {
   it.effect("raises the log-probability of rewarded responses and lowers the others (GRPO)", () =>
@@ -68,11 +69,11 @@ describe("PolicyTrainer", () => {
       yield* Effect.gen(function* () {
         const trainer = yield* Trainer
         const { model } = yield* PolicyModel.PolicyModel
-        const goodBefore = sequenceLogProb(model, [5, 6, 7])
-        const badBefore = sequenceLogProb(model, [9, 9, 9])
+        const goodBefore = yield* sequenceLogProb(model, [5, 6, 7])
+        const badBefore = yield* sequenceLogProb(model, [9, 9, 9])
         for (let i = 0; i < 5; i++) yield* trainer.step(groups(2))
-        assert.isAbove(sequenceLogProb(model, [5, 6, 7]), goodBefore + 1)
-        assert.isBelow(sequenceLogProb(model, [9, 9, 9]), badBefore - 1)
+        assert.isAbove(yield* sequenceLogProb(model, [5, 6, 7]), goodBefore + 1)
+        assert.isBelow(yield* sequenceLogProb(model, [9, 9, 9]), badBefore - 1)
       }).pipe(Effect.provide(layer))
     })
   )
@@ -124,7 +125,7 @@ describe("PolicyTrainer", () => {
       yield* Effect.gen(function* () {
         const trainer = yield* Trainer
         const { model } = yield* PolicyModel.PolicyModel
-        const goodBefore = sequenceLogProb(model, [5, 6, 7])
+        const goodBefore = yield* sequenceLogProb(model, [5, 6, 7])
         const losses: Array<number> = []
         for (let i = 0; i < 6; i++) {
           const result = yield* trainer.step(groups(2))
@@ -132,7 +133,7 @@ describe("PolicyTrainer", () => {
           assert.isTrue(Number.isFinite(result.metrics["critic/values_mean"]))
         }
         assert.isBelow(losses[losses.length - 1]!, losses[0]! * 0.5)
-        assert.isAbove(sequenceLogProb(model, [5, 6, 7]), goodBefore)
+        assert.isAbove(yield* sequenceLogProb(model, [5, 6, 7]), goodBefore)
       }).pipe(Effect.provide(layer))
     })
   )
@@ -192,12 +193,12 @@ describe("PolicyTrainer", () => {
             )
             const ref = passed.map((r) => r.map((v, j) => v - 0.05 * (j % 2)))
             const input = { micro: batch, ref, share: 0.75, klShare: 0.5 }
-            const withPass = PolicyTrainer.microBatchGrads(model, variables, options, { ...input, old: passed })
-            const skipped = PolicyTrainer.microBatchGrads(model, variables, options, {
-              ...input,
-              old: "current",
-              readOld: true
-            })
+            const withPass = yield* Effect.promise(() =>
+              PolicyTrainer.microBatchGrads(model, variables, options, { ...input, old: passed })
+            )
+            const skipped = yield* Effect.promise(() =>
+              PolicyTrainer.microBatchGrads(model, variables, options, { ...input, old: "current", readOld: true })
+            )
             const what = `${loss}, ${tis} TIS`
             const a = withPass.value.dataSync()[0]!
             const b = skipped.value.dataSync()[0]!

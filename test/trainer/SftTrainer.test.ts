@@ -91,17 +91,17 @@ describe("SftTrainer.run", () => {
         const { summary, before, after } = yield* Effect.gen(function* () {
           const { model } = yield* PolicyModel.PolicyModel
           const micro = { microBatchSize: 8, padId: tokenizer.padId }
-          const before = SftTrainer.evaluate(model, held.examples, micro)
+          const before = yield* Effect.promise(() => SftTrainer.evaluate(model, held.examples, micro))
           const summary = yield* SftTrainer.run({ config: config.sft, train: train.examples, eval: held.examples })
-          const after = SftTrainer.evaluate(model, held.examples, micro)
+          const after = yield* Effect.promise(() => SftTrainer.evaluate(model, held.examples, micro))
           // the final checkpoint scores a held-out conversation exactly as the in-memory model
           const loaded = yield* Effect.promise(() => Checkpoint.load(`${dir}/out/step-40`))
           const reloadedTokenizer = yield* AutoTokenizer.load(`${dir}/out/step-40`)
           const conversation = reverseRows(1, 2000)[0]!.messages as ReadonlyArray<Message>
           const ids = reloadedTokenizer.applyChatTemplateIds(conversation, { addGenerationPrompt: false })
           assert.deepStrictEqual(ids, tokenizer.applyChatTemplateIds(conversation, { addGenerationPrompt: false }))
-          const live = LogProbs.ofIds(model, ids)
-          const saved = LogProbs.ofIds(loaded.model, ids)
+          const live = yield* Effect.promise(() => LogProbs.ofIds(model, ids))
+          const saved = yield* Effect.promise(() => LogProbs.ofIds(loaded.model, ids))
           Transformer.dispose(loaded.model)
           for (const [t, lp] of live.entries()) assert.closeTo(saved[t]!, lp, 1e-5)
           return { summary, before, after }
@@ -167,8 +167,8 @@ describe("SftTrainer.run with LoRA", () => {
         assert.isBelow(summary.trainLoss, summary.firstLoss)
         const loaded = yield* Effect.promise(() => Checkpoint.load(summary.checkpoint))
         const ids = train.examples[0]!.ids
-        const live = LogProbs.ofIds(model, ids)
-        const saved = LogProbs.ofIds(loaded.model, ids)
+        const live = yield* Effect.promise(() => LogProbs.ofIds(model, ids))
+        const saved = yield* Effect.promise(() => LogProbs.ofIds(loaded.model, ids))
         Transformer.dispose(loaded.model)
         for (const [t, lp] of live.entries()) assert.closeTo(saved[t]!, lp, 1e-4)
         assert.deepStrictEqual((yield* fs.readDirectory(`${summary.checkpoint}/adapter`)).sort(), [
@@ -181,7 +181,7 @@ describe("SftTrainer.run with LoRA", () => {
 })
 
 describe("SftTrainer.trainStep", () => {
-  it("gives the same update whether the batch runs whole or in micro-batches of 1 (token-mean over the batch)", () => {
+  it("gives the same update whether the batch runs whole or in micro-batches of 1 (token-mean over the batch)", async () => {
     const tokenizer = ByteTokenizer.make()
     const batch = reverseRows(3).map((row, i) => ({
       ...SftDataset.tokenize(tokenizer, { messages: row.messages as ReadonlyArray<Message> }),
@@ -210,21 +210,25 @@ describe("SftTrainer.trainStep", () => {
       scheduler: "constant",
       min_lr_ratio: 0.1
     } as const
-    const runWith = (microBatchSize: number) => {
+    const runWith = async (microBatchSize: number) => {
       const model = Transformer.init(config, 11)
       const variables = Transformer.trainableVariables(model)
       const optimizer = Optimizer.make(variables, opt)
-      const stats = SftTrainer.trainStep(model, optimizer, variables, batch, { microBatchSize, padId: 256, lr: 0.01 })
+      const stats = await SftTrainer.trainStep(model, optimizer, variables, batch, {
+        microBatchSize,
+        padId: 256,
+        lr: 0.01
+      })
       const weights = variables.map((v) => Array.from(v.dataSync()))
       optimizer.dispose()
       Transformer.dispose(model)
       return { stats, weights }
     }
     const live = tf.memory().numTensors
-    const whole = runWith(3)
-    const split = runWith(1)
+    const whole = await runWith(3)
+    const split = await runWith(1)
     const probe = Transformer.init(config, 11)
-    const evalLoss = SftTrainer.evaluate(probe, batch, { microBatchSize: 2, padId: 256 })
+    const evalLoss = await SftTrainer.evaluate(probe, batch, { microBatchSize: 2, padId: 256 })
     Transformer.dispose(probe)
     assert.strictEqual(tf.memory().numTensors, live) // nothing leaked
     assert.closeTo(evalLoss, whole.stats.loss, 1e-5) // same token-mean, before the update
