@@ -5,6 +5,8 @@
 #                        the independent float64 PyTorch reference the model tests compare against, and the
 #                        benchmarks' peer (without OpenBLAS, Debian's torch uses the reference BLAS, ~50x slower)
 #   chromium             the headless browser the report test renders report.html in (driven by playwright-core)
+#   mesa-vulkan-drivers  (>= 25, from bookworm-backports on Debian 12) lavapipe, a Vulkan driver on the CPU: the
+#                        webgpu backend's tests run on it (Dawn needs a newer Mesa than bookworm's 22.3)
 # Idempotent: installs only what is missing. Skips quietly without root or apt.
 set -euo pipefail
 packages=(libopenblas-dev python3-torch python3-numpy libopenblas0-pthread chromium)
@@ -19,5 +21,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# lavapipe for the webgpu tests. Dawn (the `webgpu` npm package) needs Mesa >= 25; Debian 12 ships 22.3, so take it
+# from bookworm-backports there. Elsewhere (a newer Debian or Ubuntu) the distribution's own package is new enough.
+mesa_version=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
+mesa_major=${mesa_version%%.*}
+if [ -z "$mesa_version" ] || [ "${mesa_major:-0}" -lt 25 ] 2>/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  if [ "$codename" = bookworm ]; then
+    list=/etc/apt/sources.list.d/bookworm-backports.list
+    if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+      echo "deb http://deb.debian.org/debian bookworm-backports main" >"$list"
+    fi
+    echo "setup-system: installing mesa-vulkan-drivers from bookworm-backports (lavapipe for the webgpu tests)"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends -t bookworm-backports mesa-vulkan-drivers >/dev/null ||
+      echo "setup-system: could not install mesa-vulkan-drivers; the webgpu tests will skip"
+  else
+    echo "setup-system: installing mesa-vulkan-drivers (lavapipe for the webgpu tests)"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends mesa-vulkan-drivers >/dev/null ||
+      echo "setup-system: could not install mesa-vulkan-drivers; the webgpu tests will skip"
+  fi
 fi
 echo "setup-system: ok"

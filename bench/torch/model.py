@@ -2,8 +2,9 @@
 blocks, grouped-query attention with RoPE (HF rotate_half) and RMSNorm on q and k over head_dim, SiLU-gated MLP, tied
 embeddings, fp32. Written with plain torch ops, as a small PyTorch training loop would be.
 
-Shared by train_step.py and sample.py; also holds the timing helpers and the thread choice (torch's fastest thread
-count up to ours, measured on this model)."""
+Shared by train_step.py and sample.py; also holds the timing helpers, the thread choice (torch's fastest thread
+count up to ours, measured on this model) and the optional workload flags (`--config FILE` reads a HF config.json,
+e.g. one from scripts/make-checkpoint.ts; `--device cuda` runs on the GPU in fp32 with TF32 off)."""
 import json
 import math
 import statistics
@@ -14,6 +15,38 @@ import torch
 import torch.nn.functional as F
 
 CONFIG = dict(vocab=512, d=256, layers=4, heads=4, kv_heads=4, head_dim=64, mlp=1024, theta=10000.0, eps=1e-6)
+
+
+def flag(name, default):
+    """`--name VALUE` from the command line (after the positional THREADS ITERS), else default."""
+    args = sys.argv[3:]
+    return args[args.index("--" + name) + 1] if "--" + name in args else default
+
+
+def config_from_flags():
+    """CONFIG, or the Qwen3/Llama-style shape of `--config FILE` (a HF config.json; tied embeddings assumed)."""
+    file = flag("config", None)
+    if file is None:
+        return CONFIG
+    with open(file) as f:
+        hf = json.load(f)
+    heads = hf["num_attention_heads"]
+    return dict(vocab=hf["vocab_size"], d=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=heads,
+                kv_heads=hf.get("num_key_value_heads", heads), head_dim=hf.get("head_dim", hf["hidden_size"] // heads),
+                mlp=hf["intermediate_size"], theta=float(hf.get("rope_theta", 10000.0)), eps=hf.get("rms_norm_eps", 1e-6))
+
+
+def device_from_flags():
+    device = torch.device(flag("device", "cpu"))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 like effect-rl's tensors
+        torch.backends.cudnn.allow_tf32 = False
+    return device
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def rms_norm(x, w, eps):
@@ -56,11 +89,11 @@ class Model(torch.nn.Module):
         B, T = ids.shape
         H, Hkv, hd = c["heads"], c["kv_heads"], c["head_dim"]
         P = 0 if past is None else past[0][0].shape[2]
-        cos, sin = self.rope(torch.arange(P, P + T))
+        cos, sin = self.rope(torch.arange(P, P + T, device=ids.device))
         x = F.embedding(ids, self.embed)
         causal = None
         if T > 1:
-            causal = torch.full((T, P + T), float("-inf")).triu(P + 1)
+            causal = torch.full((T, P + T), float("-inf"), device=ids.device).triu(P + 1)
         cache = []
         for i, l in enumerate(self.layers):
             h = rms_norm(x, l.ln1, c["eps"])
@@ -73,6 +106,8 @@ class Model(torch.nn.Module):
                 k = torch.cat((past[i][0], k), dim=2)
                 v = torch.cat((past[i][1], v), dim=2)
             cache.append((k, v))
+            if Hkv != H:  # grouped-query attention: each K/V head serves H / Hkv query heads
+                k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
             scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
             if causal is not None:
                 scores = scores + causal
@@ -97,15 +132,23 @@ def median_seconds(run, iters, warmup=1, cpu=False):
     return (statistics.median(samples), statistics.median(cpus)) if cpu else statistics.median(samples)
 
 
-def matmul_gflops(threads):
+def matmul_gflops(threads, device=torch.device("cpu")):
     torch.set_num_threads(threads)
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    s = median_seconds(lambda: a @ b, 10, warmup=3)
-    return 2 * 1024**3 / s / 1e9
+    n = 1024 if device.type == "cpu" else 8192
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+
+    def product():
+        a @ b
+        sync(device)
+
+    s = median_seconds(product, 10, warmup=3)
+    return 2 * n**3 / s / 1e9
 
 
-def pick_threads(max_threads, trial):
-    """torch's faster thread count in 1..max_threads for `trial` (a callable timed once per setting)."""
+def pick_threads(max_threads, trial, device=torch.device("cpu")):
+    """torch's faster thread count in 1..max_threads for `trial` (a callable timed once per setting); 1 on a GPU."""
+    if device.type != "cpu":
+        return 1
     best, best_s = 1, float("inf")
     for t in range(1, max_threads + 1):
         torch.set_num_threads(t)

@@ -1,19 +1,21 @@
 """Train step of the perf model in PyTorch: forward + backward + Adam on −mean token log-prob, batch 8 × 128 tokens
-(the same loss as effect-rl's LogProbs.ofSequences: position 0 counts as log-prob 0). Usage: train_step.py THREADS ITERS.
+(the same loss as effect-rl's LogProbs.ofSequences: position 0 counts as log-prob 0). Usage: train_step.py THREADS ITERS
+[--config FILE] [--batch B] [--tokens T] [--device cpu|cuda].
 Prints one JSON line: {"threads", "msPerStep", "tokensPerSec", "matmulGflops", "cpuMsPerStep"}."""
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from model import CONFIG, Model, emit, matmul_gflops, median_seconds, pick_threads
+from model import Model, config_from_flags, device_from_flags, emit, flag, matmul_gflops, median_seconds, pick_threads, sync
 
 max_threads, iters = int(sys.argv[1]), int(sys.argv[2])
-B, T = 8, 128
+B, T = int(flag("batch", 8)), int(flag("tokens", 128))
+config, device = config_from_flags(), device_from_flags()
 torch.manual_seed(0)
-model = Model(CONFIG)
+model = Model(config).to(device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-ids = torch.randint(0, CONFIG["vocab"], (B, T))
+ids = torch.randint(0, config["vocab"], (B, T), device=device)
 
 
 def step():
@@ -23,11 +25,13 @@ def step():
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
-    return loss.item()
+    value = loss.item()
+    sync(device)
+    return value
 
 
-threads = pick_threads(max_threads, step)
-gflops = matmul_gflops(threads)
+threads = pick_threads(max_threads, step, device)
+gflops = matmul_gflops(threads, device)
 torch.set_num_threads(threads)
 s, cpu = median_seconds(step, iters, cpu=True)
 emit(dict(threads=threads, msPerStep=s * 1000, tokensPerSec=B * T / s, matmulGflops=gflops, cpuMsPerStep=cpu * 1000 / 1))

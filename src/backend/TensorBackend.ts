@@ -1,8 +1,10 @@
 /**
  * The tfjs backend a process computes on. tfjs backends are process-global, so this service is initialised once per
  * process (or worker thread) and reports what it picked. `auto` prefers the native TensorFlow bindings when the user
- * has installed them (`@tensorflow/tfjs-node-gpu`, then `@tensorflow/tfjs-node`; they are optional peers that cannot
- * be installed in every environment), else wasm, else the pure-JS cpu backend.
+ * has installed them (`@tensorflow/tfjs-node-gpu`; they are optional peers that cannot be installed in every
+ * environment), then WebGPU through Dawn when it finds a hardware adapter (a GPU with a Vulkan driver; a software
+ * rasteriser such as lavapipe only when asked for by name), then `@tensorflow/tfjs-node`, wasm, and the pure-JS cpu
+ * backend.
  */
 
 import { availableParallelism } from "node:os"
@@ -12,6 +14,7 @@ import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
 import * as MissingKernels from "./MissingKernels.ts"
 import * as NativeKernels from "./NativeKernels.ts"
+import * as WebGpu from "./WebGpu.ts"
 
 export type ResolvedBackend = Exclude<BackendName, "auto">
 
@@ -27,6 +30,7 @@ export interface BackendInfo {
   readonly threads: number
   readonly kernels: "native" | "stock"
   readonly addedKernels: ReadonlyArray<string>
+  readonly adapter?: WebGpu.Adapter // webgpu only
 }
 
 export class TensorBackend extends Context.Service<TensorBackend, BackendInfo>()("rl/backend/TensorBackend") {}
@@ -35,8 +39,14 @@ const tfjsNameOf = (name: ResolvedBackend): string =>
   name === "tensorflow-gpu" || name === "tensorflow" ? "tensorflow" : name
 
 /** Load and activate one backend; rejects when its package is not installed or it fails to start. */
-const activate = async (name: ResolvedBackend, threads: number): Promise<void> => {
+const activate = async (name: ResolvedBackend, threads: number, auto: boolean): Promise<void> => {
   switch (name) {
+    case "webgpu": {
+      const adapter = await WebGpu.probe()
+      if (auto && adapter.software) throw new Error(`only a software adapter (${adapter.description})`)
+      await WebGpu.activate()
+      return
+    }
     case "tensorflow-gpu":
     case "tensorflow": {
       if (threads > 0) {
@@ -70,7 +80,9 @@ const kernelsOf = (config: BackendConfig): "native" | "stock" => {
   return forced === "native" || forced === "stock" ? forced : config.kernels
 }
 
-const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
+const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"]
+
+let loggedAdapter = false
 
 let warnedNoBlas = false
 
@@ -80,7 +92,7 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
   const failures: Array<string> = []
   for (const name of candidates) {
     const started = yield* Effect.tryPromise({
-      try: () => activate(name, config.threads),
+      try: () => activate(name, config.threads, config.name === "auto"),
       catch: (cause) => new TensorBackendError({ backend: name, message: String(cause), cause })
     }).pipe(Effect.result)
     if (started._tag === "Failure") {
@@ -104,7 +116,12 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
             ? 1
             : config.threads,
       kernels: native.length > 0 ? "native" : "stock",
-      addedKernels: [...missing, ...native]
+      addedKernels: [...missing, ...native],
+      ...(name === "webgpu" && WebGpu.current() !== undefined ? { adapter: WebGpu.current()! } : {})
+    }
+    if (info.adapter !== undefined && !loggedAdapter && isMainThread) {
+      loggedAdapter = true
+      yield* Effect.logInfo(`webgpu adapter: ${WebGpu.describe(info.adapter)}`)
     }
     const nativeStatus = native.length > 0 ? NativeKernels.status() : undefined
     // once per process: the worker engine's thread loads the same build

@@ -20,7 +20,7 @@ import * as Checkpointer from "../store/Checkpointer.ts"
 const modelFlag = Flag.String("model").pipe(
   Flag.withDescription("a HF checkpoint directory (config.json + safetensors)")
 )
-const backendFlag = Flag.Literals("backend", ["auto", "wasm", "cpu", "tensorflow", "tensorflow-gpu"]).pipe(
+const backendFlag = Flag.Literals("backend", ["auto", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
   Flag.withDefault("wasm"),
   Flag.withDescription("tfjs backend")
 )
@@ -87,7 +87,7 @@ export const logprobs = (dir: string, ids: ReadonlyArray<number>) =>
           message: `id ${bad} is outside the vocabulary (${model.config.vocabSize})`
         })
       }
-      return LogProbs.ofIds(model, ids)
+      return yield* Effect.promise(() => LogProbs.ofIds(model, ids))
     })
   )
 

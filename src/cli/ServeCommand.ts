@@ -81,7 +81,7 @@ export const command = Command.make(
       Flag.withDescription("a FileWeightSync directory: load each new version written there")
     ),
     maxBatch: Flag.Int("max-batch").pipe(Flag.withDefault(16), Flag.withDescription("rows decoded together")),
-    backend: Flag.Literals("backend", ["auto", "wasm", "cpu", "tensorflow", "tensorflow-gpu"]).pipe(
+    backend: Flag.Literals("backend", ["auto", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
       Flag.withDefault("wasm"),
       Flag.withDescription("tfjs backend")
     )

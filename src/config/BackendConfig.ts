@@ -1,8 +1,11 @@
 import { Schema } from "effect"
 import { NonNegativeInt, withDefault } from "./Field.ts"
 
-/** Which tfjs backend runs the tensors. `auto` = tensorflow-gpu, then tensorflow, then wasm, then cpu. */
-export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
+/**
+ * Which tfjs backend runs the tensors. `auto` = tensorflow-gpu, then webgpu (a hardware adapter only), then
+ * tensorflow, then wasm, then cpu.
+ */
+export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type
 
 export const BackendConfig = Schema.Struct({
