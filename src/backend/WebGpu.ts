@@ -22,6 +22,8 @@
  *   the next read (`tensor.data()`), so a step that hit one fails instead of training on garbage.
  */
 import * as tf from "@tensorflow/tfjs"
+import type { TransformerConfig } from "../model/ModelConfig.ts"
+import * as Transformer from "../model/Transformer.ts"
 
 export interface Adapter {
   readonly vendor: string
@@ -229,6 +231,15 @@ export const checkBindingSize = (name: string, shape: ReadonlyArray<number>): vo
         "use a GPU whose driver allows larger bindings, or another backend (backend.name: wasm | cpu)"
     )
   }
+}
+
+/**
+ * Throws, naming the first tensor, when a model of this shape cannot run on the active webgpu adapter. Call before
+ * loading: a 1.2 GB checkpoint is not read only to fail at the first shader. No-op on other backends.
+ */
+export const checkModelFits = (config: TransformerConfig): void => {
+  if (bindingLimitBytes() === Number.POSITIVE_INFINITY) return
+  for (const spec of Transformer.parameterSpecs(config)) checkBindingSize(spec.name, spec.hfShape)
 }
 
 /** The adapter and its limits in one log line. */

@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
+import * as WebGpu from "../backend/WebGpu.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
@@ -29,7 +30,10 @@ const backendFlag = Flag.Literals("backend", ["auto", "wasm", "cpu", "webgpu", "
 const loadModel = (dir: string) =>
   Effect.acquireRelease(
     Effect.tryPromise({
-      try: () => Checkpoint.load(dir),
+      try: async () => {
+        WebGpu.checkModelFits(await Checkpoint.readConfig(dir))
+        return Checkpoint.load(dir)
+      },
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
     }),

@@ -13,6 +13,7 @@ import { Config, Console, Context, Effect, Layer, Option, Redacted } from "effec
 import { Command, Flag } from "effect/cli"
 import { HttpServer } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
+import * as WebGpu from "../backend/WebGpu.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
@@ -41,7 +42,10 @@ export interface ServeOptions {
 export const start = Effect.fnUntraced(function* (options: ServeOptions) {
   const { model } = yield* Effect.acquireRelease(
     Effect.tryPromise({
-      try: () => Checkpoint.load(options.model),
+      try: async () => {
+        WebGpu.checkModelFits(await Checkpoint.readConfig(options.model))
+        return Checkpoint.load(options.model)
+      },
       catch: (cause) =>
         new CheckpointError({ path: options.model, message: cause instanceof Error ? cause.message : String(cause) })
     }),

@@ -5,6 +5,7 @@
  */
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer } from "effect"
+import * as WebGpu from "../backend/WebGpu.ts"
 import type { ModelConfig } from "../config/ModelConfig.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
@@ -25,14 +26,21 @@ export const load = (config: ModelConfig): Effect.Effect<Transformer.Transformer
   if (config.path !== undefined) {
     const dir = config.path
     return Effect.tryPromise({
-      try: () => Checkpoint.load(dir),
+      try: async () => {
+        WebGpu.checkModelFits(await Checkpoint.readConfig(dir))
+        return Checkpoint.load(dir)
+      },
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
     }).pipe(Effect.map((loaded) => loaded.model))
   }
   const init = config.init!
   return Effect.try({
-    try: () => Transformer.init(HfConfig.fromInit(init), init.seed),
+    try: () => {
+      const shape = HfConfig.fromInit(init)
+      WebGpu.checkModelFits(shape)
+      return Transformer.init(shape, init.seed)
+    },
     catch: (cause) =>
       new CheckpointError({ path: "model.init", message: cause instanceof Error ? cause.message : String(cause) })
   })
