@@ -197,7 +197,8 @@ const trainerLayer = (c: RunConfig, totalSteps: number) =>
     zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
     overlongFiltering: c.generator.apply_overlong_filtering,
     zeroVarianceFilter: c.generator.zero_variance_filter,
-    stepWise: c.generator.step_wise
+    stepWise: c.generator.step_wise,
+    maxSequenceLength: c.generator.max_input_length
   })
 
 /** Checkpoints under the run directory, each with the run's tokenizer files. */

@@ -51,18 +51,20 @@ export const readRows = Effect.fn("cli.readRows")(function* (
   return kept
 })
 
-/** `latest` → the directory `<run dir>/checkpoints/latest` names (undefined when there is none); a path → itself. */
-export const resolveResume = (runDir: string, which: string) =>
-  Effect.tryPromise({
-    try: async () => {
-      if (which !== "latest") {
-        await fs.access(path.join(which, "trainer_state.json"))
-        return which
-      }
-      return Checkpointer.latestIn(runDir)
-    },
-    catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
-  })
+/**
+ * `latest` → the checkpoint of the run directory to continue from (`Checkpointer.resumeLatest`: what
+ * `checkpoints/latest` names, else the newest complete step; undefined when there is none); a path → itself.
+ */
+export const resolveResume = (runDir: string, which: string): Effect.Effect<string | undefined, CheckpointError> =>
+  which === "latest"
+    ? Checkpointer.resumeLatest(runDir)
+    : Effect.tryPromise({
+        try: async () => {
+          await fs.access(path.join(which, "trainer_state.json"))
+          return which
+        },
+        catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
+      })
 
 const configFile = "config.yaml"
 

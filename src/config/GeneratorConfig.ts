@@ -24,7 +24,7 @@ export const GeneratorConfig = Schema.Struct({
   n_samples_per_prompt: PositiveInt.pipe(withDefault(4)), // the GRPO group size
   max_turns: PositiveInt.pipe(withDefault(4)),
   max_generate_length: PositiveInt.pipe(withDefault(128)), // new tokens per turn
-  max_input_length: PositiveInt.pipe(withDefault(2048)), // prompt + history; beyond it the trajectory is `overlong`
+  max_input_length: PositiveInt.pipe(withDefault(2048)), // prompt + history (cut at it): beyond it `overlong`
   max_concurrent_groups: PositiveInt.pipe(withDefault(4)),
   sampling: SamplingConfig.pipe(withDefault({})),
   eval_sampling: SamplingConfig.pipe(withDefault({ temperature: 0 })),

@@ -9,6 +9,13 @@
  *                 (`length`), the context reaching max_input_length (`overlong`), or an infrastructure error
  *                 (`error`, recorded with its message: nothing is dropped).
  *
+ * Context overflow, as SkyRL's agent loop handles it (it ends the trajectory once the context passes
+ * max_input_length, stop reason `length`, and cuts the response to a maximum length), but with a tighter bound and our
+ * own name: prompt + response never exceed max_input_length. A prompt longer than that ends `overlong` before any
+ * generation, its ids cut at the limit; an observation that would push the context past it is cut at the limit and
+ * ends the trajectory `overlong` (the turn's `observationTokens` counts what was kept).
+ * Token arrays are appended in loops, never spread into a call: a 150K-token prompt would overflow the stack.
+ *
  * Each turn's reward sits on its last generated token. Each turn records the policy versions that produced its first
  * and last token (weights may be swapped mid-turn by an async trainer).
  *
@@ -61,6 +68,14 @@ export const requestSeed = (base: number, uid: string, sample: number, turn: num
 
 const inferenceRetry = Schedule.max([Schedule.exponential("200 millis"), Schedule.recurs(3)])
 
+/** Appends at most `limit` items of `source` to `target` and returns how many; a loop, as `push(...source)` overflows
+ * the stack on long arrays. */
+const append = <A>(target: Array<A>, source: ReadonlyArray<A>, limit = source.length): number => {
+  const n = Math.max(0, Math.min(limit, source.length))
+  for (let i = 0; i < n; i++) target.push(source[i]!)
+  return n
+}
+
 /** Run one trajectory of `row`. Never fails: infrastructure failures end it with stop reason `error`. */
 export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample: number, options: Options) {
   const engine = yield* InferenceEngine
@@ -87,7 +102,11 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
       const tools: ReadonlyArray<FunctionTool> | undefined = init.metadata.tools
       const templateOptions = { addGenerationPrompt: true, ...(tools === undefined ? {} : { tools }) }
       const history: Array<Message> = [...init.messages]
-      promptIds.push(...(yield* tokenizer.applyChatTemplateIds(history, templateOptions)))
+      const rendered = yield* tokenizer.applyChatTemplateIds(history, templateOptions)
+      append(promptIds, rendered, options.maxInputLength)
+      if (rendered.length > options.maxInputLength) {
+        return yield* new OverlongError({ length: rendered.length, maxInputLength: options.maxInputLength })
+      }
 
       for (let turn = 0; turn < options.maxTurns; turn++) {
         if (stepWise)
@@ -106,12 +125,12 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         }
         const llmStart = yield* Clock.currentTimeMillis
         const [result] = yield* engine
-          .generate([{ promptIds: stepWise ? stepContext : [...promptIds, ...responseIds], sampling }])
+          .generate([{ promptIds: stepWise ? stepContext : promptIds.concat(responseIds), sampling }])
           .pipe(Effect.retry({ schedule: inferenceRetry, while: (e: InferenceError) => e.isRetryable }))
         const llmMs = (yield* Clock.currentTimeMillis) - llmStart
         const start = responseIds.length
-        responseIds.push(...result!.tokens)
-        rolloutLogprobs.push(...result!.logprobs)
+        append(responseIds, result!.tokens)
+        append(rolloutLogprobs, result!.logprobs)
         for (let i = 0; i < result!.tokens.length; i++) lossMask.push(1)
         const end = responseIds.length
         if (stepWise)
@@ -146,18 +165,23 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         const envMs = (yield* Clock.currentTimeMillis) - envStart
         history.push({ role: "assistant", content: text })
         let observationTokens = 0
-        if (stepWise && !step.done) history.push(...step.observations)
+        let overflow: OverlongError | undefined
+        if (stepWise && !step.done) append(history, step.observations)
         if (!stepWise && !step.done && turn + 1 < options.maxTurns && step.observations.length > 0) {
           const next = yield* tokenizer.continuation(history, step.observations, templateOptions, {
             onHistoryRewrite: "alignByEndOfTurn"
           })
-          history.push(...step.observations)
-          responseIds.push(...next.ids)
-          for (let i = 0; i < next.ids.length; i++) {
+          append(history, step.observations)
+          // cut at the context limit: the rest could never be read by a next turn
+          const before = promptIds.length + responseIds.length
+          observationTokens = append(responseIds, next.ids, options.maxInputLength - before)
+          for (let i = 0; i < observationTokens; i++) {
             lossMask.push(0)
             rolloutLogprobs.push(0)
           }
-          observationTokens = next.ids.length
+          if (observationTokens < next.ids.length) {
+            overflow = new OverlongError({ length: before + next.ids.length, maxInputLength: options.maxInputLength })
+          }
         }
         turns.push({
           ...turnBase,
@@ -167,6 +191,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
           observationTokens,
           envMs
         })
+        if (overflow !== undefined) return yield* overflow
         if (step.done) {
           const reason = step.metadata.stopReason
           stopReason =

@@ -195,12 +195,13 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         yield* notPaused.await
         const remaining = request.sampling.maxNewTokens - tokens.length
         const choice = yield* complete({
-          promptIds: [...request.promptIds, ...tokens],
+          promptIds: request.promptIds.concat(tokens),
           sampling: { ...request.sampling, maxNewTokens: remaining }
         })
         if (tokens.length === 0 || first === undefined) first = choice.versionFirst
-        tokens.push(...choice.tokens)
-        logprobs.push(...choice.logprobs)
+        // a loop, not push(...): a server's answer may be long enough to overflow the stack as call arguments
+        for (const t of choice.tokens) tokens.push(t)
+        for (const l of choice.logprobs) logprobs.push(l)
         last = choice.versionLast ?? last
         if (choice.finishReason !== "abort") {
           return {

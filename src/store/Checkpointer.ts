@@ -8,7 +8,13 @@
  *     cursor, consumed prompt uids, ...);
  *   - any extra files the caller passes (the async pipeline's `inflight.jsonl`).
  * The `latest` file (the directory name) is written last, by rename, so a crash mid-save leaves the previous
- * checkpoint as `latest`. Only the newest `keep_n` step directories are kept.
+ * checkpoint as `latest`; the step directory's rename and `latest.tmp` are fsync'd before `latest` is replaced, and
+ * the directory after, so a power loss cannot leave `latest` empty or naming a step that is not there. Only the
+ * newest `keep_n` step directories are kept.
+ *
+ * A step directory is complete when it exists under its final name (`step-N`): it is written as `step-N.tmp` and
+ * renamed into place. So `--resume latest` with `latest` missing, empty or unreadable resumes from the newest
+ * complete one, with a warning (`resumeLatest`), rather than starting fresh and archiving the run.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -44,7 +50,7 @@ export class Checkpointer extends Context.Service<
       /** Extra files (name → text) written into the checkpoint before it is published, e.g. in-flight groups. */
       files?: Readonly<Record<string, string>>
     ) => Effect.Effect<Saved, CheckpointError>
-    /** The checkpoint directory `latest` names, or `path` itself; undefined when there is none yet. */
+    /** `latest` → the checkpoint to resume from (`resumeLatest`), or `path` itself; undefined when there is none. */
     readonly resolve: (which: string) => Effect.Effect<string | undefined, CheckpointError>
     /** Read the trainer and data state of a checkpoint directory (the weights load via `model.path`). */
     readonly read: (dir: string) => Effect.Effect<Restored, CheckpointError>
@@ -72,6 +78,59 @@ const pointedBy = async (pointer: string): Promise<string | undefined> => {
 
 /** The checkpoint directory `<runDir>/checkpoints/latest` names; undefined when there is none yet. */
 export const latestIn = (runDir: string): Promise<string | undefined> => pointedBy(path.join(runDir, dirName, "latest"))
+
+const exists = (p: string) =>
+  fs.access(p).then(
+    () => true,
+    () => false
+  )
+
+/** The `step-N` directories under `root` (not `step-N.tmp`: a save that did not finish), newest first. */
+const stepDirs = async (root: string): Promise<Array<string>> =>
+  (await fs.readdir(root).catch(() => []))
+    .filter((d) => /^step-\d+$/.test(d))
+    .sort((a, b) => Number(b.slice(5)) - Number(a.slice(5)))
+
+/**
+ * The checkpoint `--resume latest` continues from: the one `latest` names; when `latest` is missing, empty or
+ * unreadable but step directories are there, the newest complete one (renamed into place and holding
+ * trainer_state.json), with a warning. Undefined when the run has no checkpoint yet. Step directories none of which is
+ * complete are a CheckpointError that says what to do: starting fresh would move them to `earlier/`.
+ */
+export const resumeLatest = Effect.fn("Checkpointer.resumeLatest")(function* (runDir: string) {
+  const root = path.join(runDir, dirName)
+  const named = yield* Effect.promise(() => latestIn(runDir))
+  if (named !== undefined) return named
+  const steps = yield* Effect.promise(() => stepDirs(root))
+  if (steps.length === 0) return undefined
+  const pointer = path.join(root, "latest")
+  const problem = (yield* Effect.promise(() => exists(pointer))) ? "is empty or unreadable" : "is missing"
+  for (const step of steps) {
+    const dir = path.join(root, step)
+    if (!(yield* Effect.promise(() => exists(path.join(dir, "trainer_state.json"))))) continue
+    yield* Effect.logWarning(`${pointer} ${problem}: resuming from the newest complete checkpoint, ${dir}`)
+    return dir
+  }
+  return yield* new CheckpointError({
+    path: pointer,
+    message:
+      `${problem} and no step directory (${steps.join(", ")}) holds trainer_state.json: resume from a checkpoint ` +
+      `with --resume PATH, or move ${root} away to start a fresh run`
+  })
+})
+
+/** fsync a file or directory: what a rename or a write left in the page cache reaches the disk. */
+const fsync = async (p: string) => {
+  const handle = await fs.open(p, "r")
+  try {
+    await handle.sync()
+  } catch (cause) {
+    // some platforms cannot fsync a directory (EISDIR, EINVAL, EPERM): nothing more can be done there
+    if (!["EISDIR", "EINVAL", "EPERM"].includes((cause as NodeJS.ErrnoException).code ?? "")) throw cause
+  } finally {
+    await handle.close()
+  }
+}
 
 /**
  * The checkpoint directory a user means by `p`: a run directory → its latest checkpoint; a `checkpoints/latest`
@@ -141,8 +200,17 @@ export const make = (options: {
     yield* attempt(dir, "publish", async () => {
       await fs.rm(dir, { recursive: true, force: true })
       await fs.rename(tmp, dir)
-      await fs.writeFile(path.join(root, "latest.tmp"), name)
-      await fs.rename(path.join(root, "latest.tmp"), path.join(root, "latest"))
+      await fsync(root) // the step directory is in place before `latest` may name it
+      const pointer = path.join(root, "latest.tmp")
+      const handle = await fs.open(pointer, "w")
+      try {
+        await handle.writeFile(name)
+        await handle.sync()
+      } finally {
+        await handle.close()
+      }
+      await fs.rename(pointer, path.join(root, "latest"))
+      await fsync(root)
     })
     yield* attempt(root, "prune", async () => {
       const steps = (await fs.readdir(root))
@@ -154,8 +222,7 @@ export const make = (options: {
     })
     return { dir, step }
   })
-  const resolve = (which: string) =>
-    which === "latest" ? Effect.promise(() => latestIn(options.runDir)) : Effect.succeed(which)
+  const resolve = (which: string) => (which === "latest" ? resumeLatest(options.runDir) : Effect.succeed(which))
   const read = (dir: string) =>
     Effect.gen(function* () {
       const raw = yield* attempt(dir, "trainer_state.json", () =>

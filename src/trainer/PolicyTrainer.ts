@@ -58,6 +58,8 @@ export interface Options {
   readonly overlongFiltering: boolean
   readonly zeroVarianceFilter: boolean
   readonly stepWise?: boolean
+  /** generator.max_input_length: rows longer than this are cut and masked, with a warning (TrainingBatch's guard) */
+  readonly maxSequenceLength?: number
 }
 
 const offPolicyConfig = (t: TrainerConfig): OffPolicyCorrection.Config =>
@@ -273,7 +275,8 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     advantageBatchNormalize: algo.advantage_batch_normalize,
     zeroRewardOnNonStop: options.zeroRewardOnNonStop,
     overlongFiltering: options.overlongFiltering,
-    zeroVarianceFilter: options.zeroVarianceFilter
+    zeroVarianceFilter: options.zeroVarianceFilter,
+    ...(options.maxSequenceLength === undefined ? {} : { maxSequenceLength: options.maxSequenceLength })
   }
 
   const lossOptions: LossOptions = { trainer: t, temperature: options.temperature }
@@ -387,6 +390,13 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         : yield* perMicro(layout, 0, layout.ids.length, (m) => Critic.values(critic, m))
     const withValues = criticValues === undefined ? batchOptions : { ...batchOptions, values: criticValues }
     let batch = TrainingBatch.build(groups, withValues)
+    if (batch.truncated.length > 0) {
+      const ids = [...new Set(batch.truncated)].join(", ")
+      yield* Effect.logWarning(
+        `step ${stepIndex}: ${batch.truncated.length} training row(s) longer than ${options.maxSequenceLength} ` +
+          `tokens were cut to it and masked (${ids}); the generator should have ended them overlong`
+      )
+    }
     const rows = batch.ids.length
     const miniRows = t.policy_mini_batch_size * options.samplesPerPrompt
     const miniBatches = chunks(rows, miniRows)

@@ -12,6 +12,11 @@
  *    mask (DAPO's overlong filtering: truncation is not evidence about the policy).
  * 3. `zero_variance_filter`: groups whose rewards are all equal are dropped (they carry no GRPO signal).
  * Trajectories that ended `error` always get a zero loss mask: they are kept in the log, never trained on.
+ *
+ * Last-line guard, `maxSequenceLength` (generator.max_input_length): the generator never makes a trajectory longer
+ * (AgentLoop cuts the prompt or observation that would overflow and ends it `overlong`), but a row longer than that
+ * here (a bug elsewhere, an episode log from older code) is cut to it and gets a zero loss mask, and its trajectory
+ * id is listed in `truncated` for the trainer to warn about: one such row must not take a step's forward pass down.
  */
 import * as Advantages from "../algo/Advantages.ts"
 import type { Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
@@ -26,6 +31,8 @@ export interface Options {
   readonly zeroRewardOnNonStop: boolean
   readonly overlongFiltering: boolean
   readonly zeroVarianceFilter: boolean
+  /** the longest row trained on (generator.max_input_length); longer rows are cut to it and masked. None: no cap */
+  readonly maxSequenceLength?: number
   /** KL in the reward: r_t ← r_t − coef · kl_t on loss tokens; `kl` is aligned with the rows' ids (from a first build) */
   readonly klPenalty?: { readonly kl: ReadonlyArray<ReadonlyArray<number>>; readonly coef: number }
   /** GAE: the critic's V(s_t), aligned with the rows' ids (from a first build); required when estimator is gae */
@@ -45,13 +52,24 @@ export interface Batch {
   readonly replayed: Array<number> // [B], 1 = an ExperienceReplay success (trained as if sampled now)
   readonly length: number // L
   readonly droppedGroups: number // by the zero-variance filter
+  readonly truncated: Array<string> // trajectory id of each row cut to maxSequenceLength (and masked)
 }
 
 const rewardOf = (t: Trajectory, o: Options): number =>
   o.zeroRewardOnNonStop && t.stopReason !== "stop" ? 0 : t.reward
 
+/** Every training row of `t` is within maxSequenceLength (one row, or one per step for step-wise trajectories). */
+const fits = (t: Trajectory, o: Options): boolean => {
+  const max = o.maxSequenceLength
+  if (max === undefined) return true
+  if (t.steps === undefined) return t.promptIds.length + t.responseIds.length <= max
+  return t.steps.every((s) => s.promptIds.length + s.responseIds.length <= max)
+}
+
 const trainable = (t: Trajectory, o: Options): boolean =>
-  t.stopReason !== "error" && !(o.overlongFiltering && (t.stopReason === "overlong" || t.stopReason === "length"))
+  t.stopReason !== "error" &&
+  !(o.overlongFiltering && (t.stopReason === "overlong" || t.stopReason === "length")) &&
+  fits(t, o)
 
 export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch => {
   const kept = groups.filter((g) => {
@@ -116,9 +134,10 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     readonly values: ReadonlyArray<number> // response-aligned
     readonly reward: number
     readonly uid: string
+    readonly id: string // the trajectory's
     readonly replayed: number
   }
-  const trainingRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {
+  const sampledRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {
     const reward = rewardOf(t, o)
     if (t.steps === undefined) {
       return [
@@ -132,6 +151,7 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
           values: values?.[b] ?? [],
           reward,
           uid,
+          id: t.id,
           replayed: t.replay === true ? 1 : 0
         }
       ]
@@ -149,8 +169,18 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
       values: [],
       reward,
       uid,
+      id: t.id,
       replayed: t.replay === true ? 1 : 0
     }))
+  })
+  // the guard: cut what is too long (prompt first kept), with no loss tokens (`fits` already zeroed its mask)
+  const max = o.maxSequenceLength ?? Number.POSITIVE_INFINITY
+  const truncated: Array<string> = []
+  const trainingRows = sampledRows.map((row): Row => {
+    if (row.prompt.length + row.response.length <= max) return row
+    truncated.push(row.id)
+    const prompt = row.prompt.slice(0, max)
+    return { ...row, prompt, response: row.response.slice(0, max - prompt.length), mask: [] }
   })
   const length = Math.max(1, ...trainingRows.map((r) => r.prompt.length + r.response.length))
   const pad = () => new Array<number>(length).fill(0)
@@ -166,7 +196,8 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     promptUids: trainingRows.map((r) => r.uid),
     replayed: trainingRows.map((r) => r.replayed),
     length,
-    droppedGroups: groups.length - kept.length
+    droppedGroups: groups.length - kept.length,
+    truncated
   }
   for (const row of trainingRows) {
     const P = row.prompt.length
@@ -219,7 +250,8 @@ export const slice = (batch: Batch, from: number, to: number): Batch => {
     promptUids: batch.promptUids.slice(from, to),
     replayed: batch.replayed.slice(from, to),
     length,
-    droppedGroups: 0
+    droppedGroups: 0,
+    truncated: []
   }
 }
 

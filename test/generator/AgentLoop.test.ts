@@ -1,11 +1,18 @@
+import { readFileSync } from "node:fs"
+import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Layer, Stream } from "effect"
 import type { PromptRow } from "../../src/domain/PromptRow.ts"
 import * as Trajectory from "../../src/domain/Trajectory.ts"
+import * as EnvRegistry from "../../src/env/EnvRegistry.ts"
+import * as McpClient from "../../src/env/McpClient.ts"
+import * as McpToolEnv from "../../src/env/McpToolEnv.ts"
+import * as ToolIo from "../../src/env/ToolIo.ts"
 import * as AgentLoop from "../../src/generator/AgentLoop.ts"
 import * as Generator from "../../src/generator/Generator.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
+import * as Servers from "../env/McpServers.ts"
 import * as CountdownEnv from "../fixtures/CountdownEnv.ts"
 import * as ScriptedEngine from "../fixtures/ScriptedEngine.ts"
 
@@ -93,6 +100,24 @@ describe("AgentLoop.run", () => {
     }).pipe(Effect.provide(services(() => "a long turn that does not stop soon")))
   )
 
+  it.effect("ends a prompt longer than max_input_length `overlong` with no generation, its ids cut at the limit", () =>
+    Effect.gen(function* () {
+      // 200,000 bytes of prompt: push(...ids) of so many ids overflowed the stack (RangeError, not a trajectory)
+      const huge: PromptRow = { ...row, prompt: [{ role: "user", content: "x".repeat(200_000) }] }
+      const t = yield* AgentLoop.run(huge, 0, { ...options, maxInputLength: 640 })
+      assert.strictEqual(t.stopReason, "overlong")
+      assert.isUndefined(t.error)
+      assert.strictEqual(t.promptIds.length, 640)
+      assert.deepStrictEqual([t.responseIds.length, t.turns.length], [0, 0])
+    }).pipe(
+      Effect.provide(
+        services(() => {
+          throw new Error("a prompt over max_input_length must not reach the engine")
+        })
+      )
+    )
+  )
+
   it.effect("ends `length` when a turn hits max_generate_length", () =>
     Effect.gen(function* () {
       const t = yield* AgentLoop.run(row, 0, { ...options, maxGenerateLength: 4 })
@@ -178,5 +203,58 @@ describe("Generator.rollouts", () => {
       }
       assert.strictEqual(groups[2]!.cursor, 2)
     }).pipe(Effect.provide(services(() => "DONE")))
+  )
+})
+
+describe("AgentLoop.run with a live MCP server", () => {
+  const call = (name: string) => `<tool_call>\n${JSON.stringify({ name, arguments: {} })}\n</tool_call>`
+  const toolRow: PromptRow = {
+    uid: "long",
+    data_source: "test",
+    env_class: "mcp_tool",
+    prompt: [{ role: "user", content: "Read it." }]
+  }
+  const liveServices = (dir: string) =>
+    Layer.mergeAll(
+      ScriptedEngine.layer(tokenizer, () => call("long_answer")),
+      Tokenizer.layerImpl(tokenizer),
+      McpToolEnv.layer({ toolCallFormat: "hermes", maxTurns: 5, toolPrompt: "compact" }).pipe(
+        Layer.provideMerge(
+          Layer.mergeAll(
+            EnvRegistry.layer(),
+            ToolIo.layerRecord.pipe(
+              Layer.provideMerge(
+                McpClient.layer({
+                  servers: [Servers.faulty(dir, { allowed_tools: ["long_answer"], timeout_ms: 10_000 })]
+                })
+              )
+            )
+          )
+        )
+      )
+    )
+
+  it.live(
+    "cuts a tool result that would overflow max_input_length at the limit and ends the trajectory `overlong`",
+    () => {
+      const dir = Servers.tempDir("long-answer")
+      return Effect.gen(function* () {
+        // the server answers 3,500 characters (= byte tokens) against a 640-token context
+        const t = yield* AgentLoop.run(toolRow, 0, { ...options, maxGenerateLength: 128, maxInputLength: 640 })
+        assert.strictEqual(t.stopReason, "overlong")
+        assert.strictEqual(t.promptIds.length + t.responseIds.length, 640)
+        assert.strictEqual(t.lossMask.length, t.responseIds.length)
+        assert.strictEqual(t.rolloutLogprobs.length, t.responseIds.length)
+        assert.strictEqual(t.turns.length, 1)
+        const first = t.turns[0]!
+        assert.strictEqual(first.toolCalls.length, 1)
+        // every token after the call is the (cut) observation, none of it trained on
+        assert.strictEqual(first.observationTokens, t.responseIds.length - first.end)
+        assert.isTrue(t.lossMask.slice(first.end).every((m) => m === 0))
+        assert.include(tokenizer.decode(t.responseIds.slice(first.end)), "0123456789")
+        assert.notInclude(tokenizer.decode(t.responseIds.slice(first.end)), "end!!")
+        assert.deepStrictEqual(readFileSync(join(dir, "calls.log"), "utf8"), "long_answer\n")
+      }).pipe(Effect.provide(liveServices(dir)))
+    }
   )
 })

@@ -1,4 +1,5 @@
 import * as fs from "node:fs/promises"
+import * as http from "node:http"
 import * as os from "node:os"
 import * as path from "node:path"
 import { NodeServices } from "@effect/platform-node"
@@ -290,6 +291,48 @@ describe("serve + RemoteEngine", () => {
       assert.strictEqual(e.reason, "Unreachable")
       assert.isTrue(e.isRetryable)
     }).pipe(Effect.provide(RemoteEngine.layer({ url: "http://127.0.0.1:9", model: "m", maxRetries: 0 })))
+  )
+})
+
+describe("RemoteEngine against a vLLM-shaped server", () => {
+  /** A loopback server whose every completion is `n` tokens (id 7, log-prob −0.5), as vLLM answers with token ids. */
+  const longServer = (n: number) =>
+    Effect.acquireRelease(
+      Effect.promise(
+        () =>
+          new Promise<http.Server>((ok) => {
+            const body = JSON.stringify({
+              choices: [
+                {
+                  index: 0,
+                  token_ids: new Array<number>(n).fill(7),
+                  logprobs: { token_logprobs: new Array<number>(n).fill(-0.5) },
+                  finish_reason: "length"
+                }
+              ]
+            })
+            const server = http.createServer((request, response) => {
+              request.resume()
+              request.on("end", () => response.writeHead(200, { "content-type": "application/json" }).end(body))
+            })
+            server.listen(0, "127.0.0.1", () => ok(server))
+          })
+      ),
+      (server) => Effect.promise(() => new Promise<void>((ok) => server.close(() => ok())))
+    )
+
+  it.live("takes an answer of 200,000 tokens (joined in a loop: push(...tokens) overflowed the stack)", () =>
+    Effect.scoped(
+      Effect.gen(function* () {
+        const server = yield* longServer(200_000)
+        const { port } = server.address() as { port: number }
+        const engine = yield* RemoteEngine.make({ url: `http://127.0.0.1:${port}`, model: "m", maxRetries: 0 })
+        const [result] = yield* engine.generate([{ promptIds: [1, 2], sampling: greedy(200_000) }])
+        assert.strictEqual(result!.tokens.length, 200_000)
+        assert.strictEqual(result!.logprobs.length, 200_000)
+        assert.strictEqual(result!.finishReason, "length")
+      }).pipe(Effect.provide(FetchHttpClient.layer))
+    )
   )
 })
 

@@ -1,6 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
-import { Effect } from "effect"
+import { Effect, Logger } from "effect"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
@@ -43,16 +43,19 @@ const offPolicy = (gs: Array<TrajectoryGroup>): Array<TrajectoryGroup> =>
     }))
   }))
 
-const setup = (overrides: ReadonlyArray<string> = []) =>
+const setup = (overrides: ReadonlyArray<string> = [], options: { readonly maxSequenceLength?: number } = {}) =>
   Effect.map(
-    TinyPolicy.trainer([
-      "trainer.train_batch_size=2",
-      "trainer.policy_mini_batch_size=1",
-      "trainer.micro_train_batch_size=3",
-      "trainer.optimizer.lr=0.01",
-      "trainer.optimizer.weight_decay=0",
-      ...overrides
-    ]),
+    TinyPolicy.trainer(
+      [
+        "trainer.train_batch_size=2",
+        "trainer.policy_mini_batch_size=1",
+        "trainer.micro_train_batch_size=3",
+        "trainer.optimizer.lr=0.01",
+        "trainer.optimizer.weight_decay=0",
+        ...overrides
+      ],
+      options
+    ),
     (x) => x.layer
   )
 
@@ -249,6 +252,29 @@ describe("PolicyTrainer", () => {
         assert.strictEqual(result.version, 2)
         assert.isAbove(result.metrics["policy/approx_kl"]!, 1e-7) // the mean over both epochs' updates
       }).pipe(Effect.provide(layer))
+    })
+  )
+
+  it.effect("cuts and masks a row longer than max_input_length with a warning, and trains on the other rows", () =>
+    Effect.gen(function* () {
+      const layer = yield* setup([], { maxSequenceLength: 16 })
+      const logs: Array<string> = []
+      // p0/0 answered 300 tokens (2 + 300 > 16) yet ended `stop`: the generator should never hand that over
+      const [first, ...rest] = groups(2)
+      const long = trajectory("p0", 0, new Array<number>(300).fill(5), 1)
+      const batch = [{ ...first!, trajectories: [long, ...first!.trajectories.slice(1)] }, ...rest]
+      yield* Effect.gen(function* () {
+        const result = yield* (yield* Trainer).step(batch)
+        assert.strictEqual(result.metrics["trainer/loss_tokens"], 7 * 3) // the other 7 rows' 3 tokens each
+        assert.isTrue(Number.isFinite(result.metrics["loss/policy"]))
+      }).pipe(
+        Effect.provide(layer),
+        Effect.provide(Logger.layer([Logger.make((o) => void logs.push(String(o.message)))]))
+      )
+      assert.isTrue(
+        logs.some((l) => l.includes("1 training row(s) longer than 16 tokens were cut to it and masked (p0/0)")),
+        logs.join("\n")
+      )
     })
   )
 

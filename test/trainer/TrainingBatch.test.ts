@@ -66,6 +66,35 @@ describe("TrainingBatch.build", () => {
     assert.isAbove(batch.advantages[0]![2]!, 0)
   })
 
+  it("cuts a row over maxSequenceLength to it, masks it and names its trajectory (the last-line guard)", () => {
+    // a/1 ended `stop` with 10 response tokens: 2 + 10 = 12 > 8 → cut to [1, 2, 3, 4, 5, 6, 7, 8], no loss tokens;
+    // a/2's prompt alone is 10 tokens → cut to its first 8, nothing of its response left
+    const long: Trajectory = {
+      ...trajectory("a", 1, 0),
+      responseIds: [3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+      lossMask: [1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+      rolloutLogprobs: new Array<number>(10).fill(-0.5),
+      turns: [turn(0, 10, 0)]
+    }
+    const prompt = { ...trajectory("a", 2, 0), promptIds: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] }
+    const batch = TrainingBatch.build([group("a", [trajectory("a", 0, 1), long, prompt])], {
+      ...options,
+      maxSequenceLength: 8
+    })
+    assert.strictEqual(batch.length, 8)
+    assert.deepStrictEqual(batch.ids[0], [1, 2, 3, 4, 5, 6, 0, 0]) // within the limit: unchanged
+    assert.deepStrictEqual(batch.lossMask[0], [0, 0, 1, 1, 0, 1, 0, 0])
+    assert.deepStrictEqual(batch.ids[1], [1, 2, 3, 4, 5, 6, 7, 8])
+    assert.deepStrictEqual(batch.ids[2], [1, 2, 3, 4, 5, 6, 7, 8])
+    for (const row of [1, 2]) {
+      assert.deepStrictEqual(batch.lossMask[row], [0, 0, 0, 0, 0, 0, 0, 0])
+      assert.deepStrictEqual(batch.advantages[row], [0, 0, 0, 0, 0, 0, 0, 0])
+      assert.deepStrictEqual(batch.rolloutLogProbs[row], [0, 0, 0, 0, 0, 0, 0, 0])
+    }
+    assert.deepStrictEqual(batch.truncated, ["a/1", "a/2"])
+    assert.deepStrictEqual(batch.rewards, [1, 0, 0]) // the cut rows keep their reward in the group
+  })
+
   it("zero_reward_on_non_stop zeroes the reward of trajectories that did not end `stop`", () => {
     const batch = TrainingBatch.build([group("a", [trajectory("a", 0, 1), trajectory("a", 1, 1, "max_turns")])], {
       ...options,
