@@ -1,7 +1,48 @@
 /** Entry point: `node dist/main.js <command> ...`. */
 import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Effect, Logger } from "effect"
+import { Cause, Effect, Logger } from "effect"
+import { CliError } from "effect/cli"
 import * as Cli from "./cli/Cli.ts"
 
+/** `EpisodeLogError: line 2 is not a valid group (file: runs/x/episodes.jsonl, line: 2)`: the tag, the message, and
+ * every other scalar field (the file, path, row or key the error names). */
+const describeFailure = (error: unknown): string => {
+  if (typeof error !== "object" || error === null) return String(error)
+  const record = error as Record<string, unknown>
+  const fields = Object.entries(record)
+    .filter(([k, v]) => k !== "_tag" && k !== "message" && (typeof v === "string" || typeof v === "number"))
+    .map(([k, v]) => `${k}: ${String(v)}`)
+  const tag = typeof record["_tag"] === "string" ? `${record["_tag"]}: ` : ""
+  const message = typeof record["message"] === "string" ? record["message"] : String(error)
+  return `${tag}${message}${fields.length > 0 ? ` (${fields.join(", ")})` : ""}`
+}
+
+/**
+ * Fatal errors go to stderr, stdout keeps only results (its last line is a command's JSON result). A typed failure is
+ * one line naming what it concerns, with no stack: it is an answer, not a bug (errors with a CLI user message were
+ * printed by the CLI already). A defect (a bug) prints its stack.
+ */
+const reportFatal = (cause: Cause.Cause<unknown>) =>
+  Effect.sync(() => {
+    if (Cause.hasInterruptsOnly(cause)) return
+    for (const reason of cause.reasons) {
+      if (Cause.isFailReason(reason)) {
+        const error = reason.error as Record<PropertyKey, unknown> | undefined
+        if (typeof error === "object" && error !== null && typeof error[CliError.userMessage] === "string") continue
+        process.stderr.write(`\nERROR\n  ${describeFailure(reason.error)}\n`)
+      } else if (Cause.isDieReason(reason)) {
+        const defect = reason.defect
+        process.stderr.write(
+          `\nERROR (a bug: please report it)\n${defect instanceof Error ? defect.stack : String(defect)}\n`
+        )
+      }
+    }
+  })
+
 // Logs and progress go to stderr: stdout carries results (the last line of a command is its JSON result).
-Cli.run.pipe(Effect.provide(NodeServices.layer), Effect.provideService(Logger.LogToStderr, true), NodeRuntime.runMain)
+Cli.run.pipe(
+  Effect.tapCause(reportFatal),
+  Effect.provide(NodeServices.layer),
+  Effect.provideService(Logger.LogToStderr, true),
+  NodeRuntime.runMain({ disableErrorReporting: true })
+)

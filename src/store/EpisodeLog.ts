@@ -7,13 +7,18 @@
  * an error naming the file and line, since it means the file was edited or corrupted.
  */
 import { Context, Effect, FileSystem, Layer, Path, Schema, Semaphore, Stream } from "effect"
+import { CliError } from "effect/cli"
 import { TrajectoryGroup } from "../domain/Trajectory.ts"
 
 export class EpisodeLogError extends Schema.TaggedError<EpisodeLogError>()("EpisodeLogError", {
   file: Schema.String,
   line: Schema.optionalKey(Schema.Int),
   message: Schema.String
-}) {}
+}) {
+  override get [CliError.userMessage](): string {
+    return `${this.file}${this.line === undefined ? "" : `:${this.line}`}: ${this.message}`
+  }
+}
 
 export class EpisodeLog extends Context.Service<
   EpisodeLog,
@@ -80,7 +85,14 @@ export const read = (file: string): Stream.Stream<TrajectoryGroup, EpisodeLogErr
             `${file}:${i + 1}: skipping torn last line (${line.length} bytes; a crash mid-write)`
           ).pipe(Effect.as([]))
         }
-        return Effect.fail(new EpisodeLogError({ file, line: i + 1, message: `line ${i + 1} is not a valid group` }))
+        return Effect.fail(
+          new EpisodeLogError({
+            file,
+            line: i + 1,
+            message:
+              "not a valid trajectory group (a torn or edited line in the middle of the log; only a torn last line is skipped)"
+          })
+        )
       }),
       Stream.flatMap((groups) => Stream.fromIterable(groups))
     )
