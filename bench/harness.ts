@@ -45,9 +45,7 @@ export const benchModel = async (): Promise<{ model: Transformer.Transformer; na
   if (dir === "") return { model: perfModel(), name: "perf", loadSeconds: 0 }
   const start = performance.now()
   const config = await Checkpoint.readConfig(dir)
-  if (tf.getBackend() === "webgpu") {
-    for (const spec of Transformer.parameterSpecs(config)) WebGpu.checkBindingSize(spec.name, spec.hfShape)
-  }
+  WebGpu.checkModelFits(config)
   const { model } = await Checkpoint.load(dir)
   // one tiny forward so the upload of the weights counts as loading, not as the first step
   const probe = tf.tidy(() => Transformer.forward(model, { ids: [[1, 2]] }))

@@ -25,6 +25,7 @@
  *   `importance_sampling`) are not ported.
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Diagnostics from "./Diagnostics.ts"
 import * as Matrix from "./Matrix.ts"
 import * as OffPolicyCorrection from "./OffPolicyCorrection.ts"
 import * as Reduction from "./Reduction.ts"
@@ -342,9 +343,7 @@ export const compute = async (name: Name, inputs: ArrayInputs, config: Partial<C
       config
     )
   )
-  const scalars: Array<[string, tf.Scalar]> = [["loss", out.loss], ...Object.entries(out.metrics)]
-  const data = await Promise.all(scalars.map(([, x]) => x.data())).finally(() => tf.dispose(scalars.map(([, x]) => x)))
-  return Object.fromEntries(scalars.map(([key], i) => [key, data[i]![0]!])) as Values
+  return (await Diagnostics.read({ loss: out.loss, ...out.metrics })) as Values
 }
 
 // ---------------------------------------------------------------------------------------------------------------

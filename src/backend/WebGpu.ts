@@ -11,8 +11,8 @@
  * - **No synchronous reads.** tfjs-backend-webgpu's `readSync` needs `OffscreenCanvas`, which Node lacks, so every
  *   read on the training and sampling paths is `await tensor.data()` (that is why they are async on every backend).
  * - **Binding-size limit.** One shader binding may not exceed the adapter's `maxStorageBufferBindingSize` (128 MiB on
- *   lavapipe); `bindingLimitBytes()` gives it so the chunked log-prob head sizes its chunks by it, and
- *   `checkBindingSize` names a tensor that can never fit.
+ *   lavapipe, WebGPU's guaranteed minimum). `checkModelFits` names a weight that can never fit before a model loads;
+ *   the chunked log-prob head's chunks (≤ 2²⁴ floats, 64 MiB) fit every adapter.
  * - **Our own device.** tfjs would request the device itself with the default `maxStorageBuffersPerShaderStage` (8),
  *   and its `AddN` binds every input at once: the global gradient norm over a model's ~25+ parameters failed
  *   validation and silently read back garbage. We request the adapter's limits and register an `AddN` that sums at
@@ -128,7 +128,7 @@ type BackendClass = new (
 export const activate = async (): Promise<Adapter> => {
   const info = await probe()
   const webgpu = (await import("@tensorflow/tfjs-backend-webgpu")) as unknown as { WebGPUBackend: BackendClass }
-  if (tf.findBackend("webgpu") === undefined || !registeredOurs) {
+  if (!registeredOurs) {
     const source = found!
     tf.removeBackend("webgpu")
     tf.registerBackend(
@@ -152,7 +152,7 @@ export const activate = async (): Promise<Adapter> => {
       3
     )
     registeredOurs = true
-    registerAddN(requestedStorageBuffers(source))
+    registerAddN(source.limits["maxStorageBuffersPerShaderStage"] ?? 8)
   }
   const ok = await tf.setBackend("webgpu")
   if (!ok) throw new Error('tf.setBackend("webgpu") returned false')
@@ -161,8 +161,6 @@ export const activate = async (): Promise<Adapter> => {
 }
 
 let registeredOurs = false
-
-const requestedStorageBuffers = (source: AdapterLike): number => source.limits["maxStorageBuffersPerShaderStage"] ?? 8
 
 /** The backend with reads that fail once the device has reported an error. */
 const checked = (Base: BackendClass): BackendClass =>

@@ -44,11 +44,7 @@ const lastLogits = async (
     return Transformer.logitsOf(view, last) // [B, V]
   })
   hidden.dispose()
-  try {
-    return (await logits.data()) as Float32Array
-  } finally {
-    logits.dispose()
-  }
+  return (await logits.data().finally(() => logits.dispose())) as Float32Array
 }
 
 /**

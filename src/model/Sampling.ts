@@ -225,11 +225,8 @@ const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray
         ]) as tf.Tensor2D
         return Transformer.logitsOf(view, last) // [B, V]
       })
-      try {
-        return (await logits.data()) as Float32Array // read outside the tidy (it would walk every index)
-      } finally {
-        logits.dispose()
-      }
+      // read outside the tidy (it would walk every index)
+      return (await logits.data().finally(() => logits.dispose())) as Float32Array
     },
     keep: (rows) => {
       sequences = rows.map((r) => sequences[r]!)
