@@ -8,7 +8,7 @@
  * Where it acts: on prompts that come back (`trainer.epochs` > 1, or datasets that repeat a prompt under several
  * uids), are solved at one visit and failed by every sample at a later one. In the quickstart (18 record prompts that
  * repeat) a run loses a few such prompts, sometimes for many visits ("Order ids of Eve Green?": 9 visits solved, then
- * 0 of 8 at 13 in a row); one run with replay on fired twice in 176 steps (session 8, data/quickstart/README.md).
+ * 0 of 8 at 13 in a row); one run with replay on fired twice in 176 steps (bench/results/quickstart-history.md).
  *
  * Rules, in order, for each group of a step (pure; `apply`):
  * 1. Key: the rendered prompt (`promptIds`), so rows that repeat a prompt under another uid share an entry.
