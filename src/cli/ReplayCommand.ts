@@ -7,7 +7,6 @@ import { Console, Effect, Option, Stream } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as RunLayers from "../../layers/RunLayers.ts"
 import * as ReplayPipeline from "../pipeline/ReplayPipeline.ts"
-import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 export const command = Command.make(
@@ -24,10 +23,10 @@ export const command = Command.make(
   Effect.fn("cli.replay")(function* ({ episodes, config: file, runDir: runDirFlag, overrides }) {
     const config = yield* RunFlags.load(file, overrides)
     const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
-    const groups = yield* Stream.runCount(EpisodeLog.read(episodes))
-    const totalSteps = Math.floor(groups / config.trainer.train_batch_size)
-    yield* Effect.logInfo(`replaying ${groups} groups from ${episodes} → ${runDir}`)
-    const summary = yield* ReplayPipeline.run(config, runDir, EpisodeLog.read(episodes)).pipe(
+    const groups = yield* ReplayPipeline.recorded(episodes)
+    const totalSteps = Math.floor(groups.length / config.trainer.train_batch_size)
+    yield* Effect.logInfo(`replaying ${groups.length} groups from ${episodes} → ${runDir}`)
+    const summary = yield* ReplayPipeline.run(config, runDir, Stream.fromIterable(groups)).pipe(
       Effect.provide(RunLayers.replay(config, { runDir, totalSteps: Math.max(1, totalSteps) }))
     )
     yield* Console.log(JSON.stringify(summary))

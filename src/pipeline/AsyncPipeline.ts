@@ -26,7 +26,8 @@
  * groups (generated, not yet trained) as `inflight.jsonl`; a resumed run trains those first and generates only the
  * cursors missing beyond the checkpoint. `consumed.jsonl` is truncated to the checkpoint's step (ConsumedLog).
  * Groups generated after the last checkpoint and lost in a crash are generated again, so `episodes.jsonl` may hold
- * two attempts of a prompt; only one of them is trained on.
+ * two attempts of a prompt; only the later one is trained on, and `consumed.jsonl` says which steps trained which
+ * cursors, so replay (ReplayPipeline.recorded) trains exactly the run's batches.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
