@@ -12,7 +12,7 @@
  * is trained in cursor order, which is the order both pipelines train in.
  */
 import * as nodePath from "node:path"
-import { Clock, Effect, FileSystem, Stream } from "effect"
+import { Clock, Effect, type FileSystem, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import { Metrics } from "../metrics/Metrics.ts"
