@@ -17,7 +17,7 @@ import * as RunLayers from "../layers/RunLayers.ts"
 import { readRows } from "../src/cli/TrainCommand.ts"
 import * as RunConfigLoader from "../src/config/RunConfigLoader.ts"
 import * as Rewards from "../src/env/Rewards.ts"
-import * as SyncPipeline from "../src/pipeline/SyncPipeline.ts"
+import * as Pipelines from "../src/pipeline/Pipelines.ts"
 
 const dataDir = "runs/copy-data"
 const runDir = "runs/copy"
@@ -58,7 +58,7 @@ const program = Effect.gen(function* () {
   const train = yield* readRows(config.data.train)
   const val = yield* readRows(config.data.val)
   const started = Date.now()
-  const summary = yield* SyncPipeline.run({ config, runDir, train, val }).pipe(
+  const summary = yield* Pipelines.train({ config, runDir, train, val }).pipe(
     Effect.provide(RunLayers.training(config, { runDir, trainRows: train.length }))
   )
   return { summary, seconds: (Date.now() - started) / 1000 }

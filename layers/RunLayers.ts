@@ -28,7 +28,7 @@ import * as LocalEngine from "../src/inference/LocalEngine.ts"
 import * as RemoteEngine from "../src/inference/RemoteEngine.ts"
 import * as WorkerEngine from "../src/inference/WorkerEngine.ts"
 import * as Metrics from "../src/metrics/Metrics.ts"
-import * as SyncPipeline from "../src/pipeline/SyncPipeline.ts"
+import * as TrainingLoop from "../src/pipeline/TrainingLoop.ts"
 import * as Checkpointer from "../src/store/Checkpointer.ts"
 import * as EpisodeLog from "../src/store/EpisodeLog.ts"
 import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
@@ -221,7 +221,7 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const engine = inference(c)
       const weightSync = yield* weightSyncOf(c, options.runDir)
-      const trainer = trainerLayer(c, SyncPipeline.totalSteps(c, options.trainRows))
+      const trainer = trainerLayer(c, TrainingLoop.totalSteps(c, options.trainRows))
       const checkpointer = checkpointerLayer(c, options.runDir)
       const store = Layer.mergeAll(
         EpisodeLog.layer(options.runDir),

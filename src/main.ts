@@ -1,8 +1,9 @@
 /** Entry point: `node dist/main.js <command> ...`. */
-import { NodeRuntime, NodeServices } from "@effect/platform-node"
-import { Cause, Effect, Logger } from "effect"
+import { NodeServices } from "@effect/platform-node"
+import { Cause, Effect, Logger, Runtime } from "effect"
 import { CliError } from "effect/cli"
 import * as Cli from "./cli/Cli.ts"
+import * as StopSignal from "./pipeline/StopSignal.ts"
 
 /** `EpisodeLogError: line 2 is not a valid group (file: runs/x/episodes.jsonl, line: 2)`: the tag, the message, and
  * every other scalar field (the file, path, row or key the error names). */
@@ -39,10 +40,45 @@ const reportFatal = (cause: Cause.Cause<unknown>) =>
     }
   })
 
+/**
+ * Signals, as process managers expect them: SIGINT (Ctrl-C) interrupts at once and exits 130. SIGTERM exits 143:
+ * while a training loop runs, it first asks the loop to stop after its current step and checkpoint it (a second
+ * SIGTERM or a SIGINT interrupts at once); any other command is interrupted at once. Interrupting releases every
+ * resource (tool servers are killed, files closed); what was fsync'd (episodes, consumed prompts, checkpoints) stays.
+ */
+const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
+  let signal: "SIGINT" | "SIGTERM" | undefined
+  const interrupt = () => fiber.interruptUnsafe(fiber.id)
+  const onSigint = () => {
+    signal ??= "SIGINT"
+    interrupt()
+  }
+  const onSigterm = () => {
+    const first = signal === undefined
+    signal ??= "SIGTERM"
+    if (first && StopSignal.graceful()) {
+      StopSignal.request()
+      process.stderr.write(
+        "\nSIGTERM: stopping after the current step, with a checkpoint (send it again to stop now)\n"
+      )
+    } else interrupt()
+  }
+  fiber.addObserver((exit) => {
+    process.removeListener("SIGINT", onSigint)
+    process.removeListener("SIGTERM", onSigterm)
+    teardown(exit, (code) => {
+      if (signal !== undefined) process.exit(signal === "SIGTERM" ? 143 : 130)
+      if (code !== 0) process.exit(code)
+    })
+  })
+  process.on("SIGINT", onSigint)
+  process.on("SIGTERM", onSigterm)
+})
+
 // Logs and progress go to stderr: stdout carries results (the last line of a command is its JSON result).
 Cli.run.pipe(
   Effect.tapCause(reportFatal),
   Effect.provide(NodeServices.layer),
   Effect.provideService(Logger.LogToStderr, true),
-  NodeRuntime.runMain({ disableErrorReporting: true })
+  runMain({ disableErrorReporting: true })
 )

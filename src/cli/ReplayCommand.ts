@@ -1,12 +1,13 @@
 /**
  * `replay --episodes RUN/episodes.jsonl --config FILE [--run-dir DIR] [key.path=value ...]`: train from a recorded
- * episode log (ReplayPipeline): no sampling, no tool servers; the same log and config give bit-identical weights.
+ * episode log (ReplaySource in the TrainingLoop): no sampling, no tool servers; the same log and config give bit-identical weights.
  * Ends with `{"event":"summary","steps":…,"groups":…,"seconds":…,"runDir":…,"checkpoint":…}` on stdout.
  */
-import { Console, Effect, Option, Stream } from "effect"
+import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as RunLayers from "../../layers/RunLayers.ts"
-import * as ReplayPipeline from "../pipeline/ReplayPipeline.ts"
+import * as Pipelines from "../pipeline/Pipelines.ts"
+import * as ReplaySource from "../pipeline/ReplaySource.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 export const command = Command.make(
@@ -23,10 +24,10 @@ export const command = Command.make(
   Effect.fn("cli.replay")(function* ({ episodes, config: file, runDir: runDirFlag, overrides }) {
     const config = yield* RunFlags.load(file, overrides)
     const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
-    const groups = yield* ReplayPipeline.recorded(episodes)
-    const totalSteps = Math.floor(groups.length / config.trainer.train_batch_size)
+    const groups = yield* ReplaySource.recorded(episodes)
+    const totalSteps = ReplaySource.totalSteps(config, groups.length)
     yield* Effect.logInfo(`replaying ${groups.length} groups from ${episodes} → ${runDir}`)
-    const summary = yield* ReplayPipeline.run(config, runDir, Stream.fromIterable(groups)).pipe(
+    const summary = yield* Pipelines.replay(config, runDir, groups).pipe(
       Effect.provide(RunLayers.replay(config, { runDir, totalSteps: Math.max(1, totalSteps) }))
     )
     yield* Console.log(JSON.stringify(summary))

@@ -1,6 +1,6 @@
 /**
  * `train --config FILE [--run-dir DIR] [--resume latest|PATH] [key.path=value ...]`: the GRPO/PPO loop, synchronous
- * (SyncPipeline) or fully async (AsyncPipeline, `pipeline.mode: async`). Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
+ * (SyncSource) or fully async (AsyncSource, `pipeline.mode: async`), in the one TrainingLoop. Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
  * checkpoints/) and ends with one JSON summary line on stdout:
  * `{"event":"summary","steps":…,"seconds":…,"runDir":…,"evalBefore":{…},"evalAfter":{…}}`.
  * A fresh run (no resume) into a directory that holds an earlier run first moves that run's files to
@@ -17,9 +17,8 @@ import * as Dataset from "../data/Dataset.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Metrics from "../metrics/Metrics.ts"
 import * as Report from "../metrics/Report.ts"
-import * as AsyncPipeline from "../pipeline/AsyncPipeline.ts"
 import * as ConsumedLog from "../pipeline/ConsumedLog.ts"
-import * as SyncPipeline from "../pipeline/SyncPipeline.ts"
+import * as Pipelines from "../pipeline/Pipelines.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
@@ -136,8 +135,7 @@ export const command = Command.make(
       await fs.writeFile(path.join(runDir, configFile), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
     }).pipe(Effect.orDie)
     yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
-    const pipeline = config.pipeline.mode === "async" ? AsyncPipeline.run : SyncPipeline.run
-    const summary = yield* pipeline({
+    const summary = yield* Pipelines.train({
       config,
       runDir,
       train,

@@ -6,12 +6,13 @@
  * plus the same over every source as `all`. With `trainer.eval_group_by: KEY`, also per value of the rows'
  * `extra_info.KEY` within each source: `eval/<data_source>/KEY=<value>/…` (e.g. the toolbox tasks per family).
  */
-import { Effect, Stream } from "effect"
+import { Clock, Effect, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import { Generator, type GeneratorOptions } from "../generator/Generator.ts"
+import { Metrics } from "../metrics/Metrics.ts"
 
 export interface Score {
   readonly avg_score: number
@@ -93,3 +94,29 @@ export const run = Effect.fn("Evaluator.run")(function* (
   const subgroup = groupBy === undefined ? undefined : (g: TrajectoryGroup) => subgroupOf(rows[g.cursor], groupBy)
   return { report: score(groups, subgroup), groups }
 })
+
+/**
+ * Evaluation during a run: on the held-out rows at `step`, recorded as an `eval` metrics event and logged; undefined
+ * when there are no held-out rows.
+ */
+export const atStep = (config: RunConfig, val: ReadonlyArray<PromptRow>) => {
+  const evalOptions = optionsOf(config)
+  return (label: string, step: number) =>
+    Effect.gen(function* () {
+      if (val.length === 0) return undefined
+      const recorder = yield* Metrics
+      const t0 = yield* Clock.currentTimeMillis
+      const { report } = yield* run(
+        val,
+        { ...evalOptions, seed: config.generator.seed + 7919 * step },
+        config.trainer.eval_group_by
+      )
+      const seconds = ((yield* Clock.currentTimeMillis) - t0) / 1000
+      yield* recorder.record("eval", step, { ...metrics(report), "timing/eval": seconds })
+      const all = report["all"]!
+      yield* Effect.logInfo(
+        `eval ${label} (step ${step}): avg_score ${all.avg_score.toFixed(3)}, pass@n ${all.pass_at_n.toFixed(3)} over ${all.prompts} prompts`
+      )
+      return report
+    })
+}

@@ -9,8 +9,9 @@ import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Stream } from "effect"
-import * as AsyncPipeline from "../../src/pipeline/AsyncPipeline.ts"
+import * as AsyncSource from "../../src/pipeline/AsyncSource.ts"
 import * as ConsumedLog from "../../src/pipeline/ConsumedLog.ts"
+import * as Rollouts from "../../src/pipeline/Rollouts.ts"
 import * as EpisodeLog from "../../src/store/EpisodeLog.ts"
 import * as Cli from "../fixtures/Cli.ts"
 
@@ -35,14 +36,14 @@ const train = (runDir: string, ...overrides: Array<string>) =>
     timeoutMs: 240_000
   })
 
-describe("AsyncPipeline helpers", () => {
+describe("AsyncSource helpers", () => {
   it("stepOfVersion finds the step whose published weights a version is", () => {
     // step 0 published v0, step 1 → v2 (two mini-batches), step 2 → v2 (no update), step 3 → v5
     const published = [0, 2, 2, 5]
-    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 0), 0)
-    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 1), 0) // mid-step 1: still older than its end
-    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 2), 2) // v2 is the weights of steps 1 and 2
-    assert.strictEqual(AsyncPipeline.stepOfVersion(published, 7), 3)
+    assert.strictEqual(AsyncSource.stepOfVersion(published, 0), 0)
+    assert.strictEqual(AsyncSource.stepOfVersion(published, 1), 0) // mid-step 1: still older than its end
+    assert.strictEqual(AsyncSource.stepOfVersion(published, 2), 2) // v2 is the weights of steps 1 and 2
+    assert.strictEqual(AsyncSource.stepOfVersion(published, 7), 3)
   })
 
   it.effect("ConsumedLog.truncateTo keeps the lines of steps up to the checkpoint and drops a torn line", () =>
@@ -148,7 +149,7 @@ describe("train with pipeline.mode async", () => {
     const ready = () => {
       try {
         const latest = readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim()
-        const inflight = readFileSync(join(runDir, "checkpoints", latest, AsyncPipeline.inflightFile), "utf8")
+        const inflight = readFileSync(join(runDir, "checkpoints", latest, Rollouts.inflightFile), "utf8")
         return inflight.length > 0 && consumedLines(runDir).length >= 4
       } catch {
         return false // not written yet, or pruned between the two reads
@@ -169,7 +170,7 @@ describe("train with pipeline.mode async", () => {
 
     const resumed = train(runDir, ...overrides.slice(1), "--resume", "latest")
     assert.strictEqual(resumed.code, 0, resumed.stderr)
-    assert.match(resumed.stderr, /resumed from .*step-\d+ at step \d+: [1-9]\d* in-flight groups restored/)
+    assert.match(resumed.stderr, /resumed at step \d+: [1-9]\d* in-flight groups restored/)
     assert.match(resumed.stderr, /episodes\.jsonl: skipping torn last line/)
 
     const lines = consumedLines(runDir)

@@ -1,7 +1,7 @@
 /**
- * Training from a recorded stream: the groups of an episode log, batched `train_batch_size` at a time into
- * `Trainer.step` — no sampling, no environments, no tool servers. The trainer is deterministic on a given backend,
- * so the same log and config give bit-identical weights. A torn last line of the log is skipped with a warning.
+ * The recorded group source: the groups of an episode log, `train_batch_size` at a time — no sampling, no
+ * environments, no tool servers. The trainer is deterministic on a given backend, so the same log and config give
+ * bit-identical weights. A torn last line of the log is skipped with a warning.
  *
  * Which groups, in which order (`recorded`): the episode log holds every group a run generated, in completion
  * order, including attempts that a crash lost before they were trained (a resumed run generates those prompts
@@ -9,18 +9,15 @@
  * beside the log (cursor and step of every prompt trained on, truncated on resume to the checkpoint's step): when it
  * is there, replay trains exactly its steps, each on the last attempt of each of its cursors, so it reproduces the
  * run's steps and weights. Without it (a log copied on its own or written by hand) the last attempt of each cursor
- * is trained in cursor order, which is the order both pipelines train in.
+ * is trained in cursor order, which is the order both rollout sources train in.
  */
 import * as nodePath from "node:path"
 import { Clock, Effect, type FileSystem, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
-import { Metrics } from "../metrics/Metrics.ts"
-import { Checkpointer } from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
-import { PolicyModel } from "../trainer/PolicyModel.ts"
-import { Trainer } from "../trainer/Trainer.ts"
 import * as ConsumedLog from "./ConsumedLog.ts"
+import type * as TrainingLoop from "./TrainingLoop.ts"
 
 /**
  * The groups a recorded run trained on, in the order it trained them (see the module comment): `consumed.jsonl`
@@ -53,50 +50,41 @@ export const recorded = (
     return groups
   })
 
-export interface Summary {
-  readonly event: "summary"
-  readonly steps: number
-  readonly groups: number
-  readonly seconds: number
-  readonly runDir: string
-  readonly checkpoint?: string
+/** Steps a replay of `groups` groups trains: every batch (a partial last one too), at most `max_steps`. */
+export const totalSteps = (config: RunConfig, groups: number): number => {
+  const byData = Math.ceil(groups / config.trainer.train_batch_size)
+  return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
 }
 
-export const run = Effect.fn("ReplayPipeline.run")(function* <E, R>(
-  config: RunConfig,
-  runDir: string,
-  groups: Stream.Stream<TrajectoryGroup, E, R>
-) {
-  const trainer = yield* Trainer
-  const metrics = yield* Metrics
-  const checkpointer = yield* Checkpointer
-  const { model } = yield* PolicyModel
-  const started = yield* Clock.currentTimeMillis
-  const B = config.trainer.train_batch_size
-  let steps = 0
-  let seen = 0
-  yield* groups.pipe(
-    Stream.grouped(B),
-    config.trainer.max_steps === undefined ? (s) => s : Stream.take(config.trainer.max_steps),
-    Stream.runForEach((batch) =>
-      Effect.gen(function* () {
-        const result = yield* trainer.step(batch)
-        steps = result.step
-        seen += batch.length
-        yield* metrics.record("train", result.step, { ...result.metrics, "trainer/policy_version": result.version })
-        yield* metrics.progress({ step: result.step, totalSteps: result.step, values: result.metrics })
-      })
-    )
-  )
-  const saved =
-    steps === 0 ? undefined : yield* checkpointer.save(steps, model, yield* trainer.state, { replayedGroups: seen })
-  const summary: Summary = {
-    event: "summary",
-    steps,
-    groups: seen,
-    seconds: Math.round((((yield* Clock.currentTimeMillis) - started) / 1000) * 10) / 10,
-    runDir,
-    ...(saved === undefined ? {} : { checkpoint: saved.dir })
-  }
-  return summary
-})
+export const make = (config: RunConfig, groups: ReadonlyArray<TrajectoryGroup>): Effect.Effect<TrainingLoop.Source> =>
+  Effect.sync(() => {
+    const B = config.trainer.train_batch_size
+    let replayed = 0
+    const source: TrainingLoop.Source = {
+      totalSteps: totalSteps(config, groups.length),
+      batches: Stream.unfold(1, (step) =>
+        (step - 1) * B >= groups.length
+          ? Effect.succeed(undefined)
+          : Clock.currentTimeMillis.pipe(
+              Effect.map((startedAt) => {
+                const batch: TrainingLoop.Batch = {
+                  step,
+                  groups: groups.slice((step - 1) * B, step * B),
+                  metrics: {},
+                  startedAt
+                }
+                return [batch, step + 1] as const
+              })
+            )
+      ),
+      guard: (train) => train,
+      trained: (step) =>
+        Effect.sync(() => {
+          replayed = Math.min(groups.length, step * B)
+          return {}
+        }),
+      close: Effect.void,
+      checkpoint: () => Effect.sync(() => ({ data: { replayedGroups: replayed }, inflight: 0 }))
+    }
+    return source
+  })

@@ -1,0 +1,51 @@
+/**
+ * The training loop with each of its sources, as the commands run them: `train` (sync or async rollouts, by
+ * `pipeline.mode`) and `replay` (a recorded episode log).
+ */
+import { Effect } from "effect"
+import type { RunConfig } from "../config/RunConfig.ts"
+import type { PromptRow } from "../domain/PromptRow.ts"
+import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import { WeightSync } from "../sync/WeightSync.ts"
+import { Trainer } from "../trainer/Trainer.ts"
+import * as AsyncSource from "./AsyncSource.ts"
+import * as Evaluator from "./Evaluator.ts"
+import * as ReplaySource from "./ReplaySource.ts"
+import * as SyncSource from "./SyncSource.ts"
+import * as TrainingLoop from "./TrainingLoop.ts"
+
+export interface TrainInputs {
+  readonly config: RunConfig
+  readonly runDir: string
+  readonly train: ReadonlyArray<PromptRow>
+  readonly val: ReadonlyArray<PromptRow>
+  /** A checkpoint directory to continue from (weights already loaded from it by the layers). */
+  readonly resumeFrom?: string
+}
+
+/** Train with rollouts: SyncSource, or AsyncSource with `pipeline.mode: async`; evaluates on `val`. */
+export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs) {
+  const { config } = inputs
+  const trainer = yield* Trainer
+  const weightSync = yield* WeightSync
+  return yield* TrainingLoop.run(
+    {
+      config,
+      runDir: inputs.runDir,
+      ...(inputs.resumeFrom === undefined ? {} : { resumeFrom: inputs.resumeFrom }),
+      publish: (version) => weightSync.publish({ version, snapshot: trainer.snapshot }).pipe(Effect.orDie),
+      evaluate: Evaluator.atStep(config, inputs.val),
+      recordConsumed: true
+    },
+    (start) =>
+      config.pipeline.mode === "async"
+        ? AsyncSource.make({ config, train: inputs.train }, start)
+        : SyncSource.make({ config, train: inputs.train }, start)
+  )
+})
+
+/** Train from recorded groups (ReplaySource.recorded): no sampling, no publishing, no evaluation. */
+export const replay = (config: RunConfig, runDir: string, groups: ReadonlyArray<TrajectoryGroup>) =>
+  TrainingLoop.run<never, never>({ config, runDir, publish: () => Effect.void, recordConsumed: false }, () =>
+    ReplaySource.make(config, groups)
+  )

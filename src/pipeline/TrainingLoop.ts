@@ -1,0 +1,299 @@
+/**
+ * The one training loop (SkyRL's `fit`), fed by a source of trajectory groups:
+ *
+ *   source.batches ──▶ train (Trainer.step, guarded by the source) ──▶ publish ──▶ consumed.jsonl ──▶ metrics
+ *        ▲                                                                                              │
+ *        └──────────── source.trained (admits more work) ◀──── eval every eval_interval, checkpoint ◀────┘
+ *
+ * Sources (one file each): SyncSource (generate a batch, then train it), AsyncSource (K generation fibers, admission
+ * by the StalenessManager, a reorder buffer), ReplaySource (a recorded episode log). A source hands out the batch of
+ * step s only after step s − 1 was trained, published and handed back to it (`trained`), so the stream's pull order
+ * is the feedback edge of the async pipeline.
+ *
+ * Around the steps: resume (restore the trainer, publish the restored weights, let the source restore its
+ * in-flight groups), truncate `consumed.jsonl` to the checkpoint's step, evaluate before, every `eval_interval`
+ * steps and after; checkpoint every `checkpoint.interval` steps and at the last. The run stops early after the step
+ * that passes `trainer.max_train_seconds`, or after the step during which a graceful stop was asked for (SIGTERM:
+ * StopSignal); either way the last step is checkpointed, and a stop skips the final evaluation.
+ *
+ * A trainer fault (an exception inside Trainer.step: the tensor backend out of memory, a non-finite loss) ends the
+ * run with a TrainerFault naming the step and its prompts. When the step applied no optimizer update yet, the
+ * weights are still those of the step before: the loop checkpoints that step with the failed step's groups in
+ * flight, so `--resume latest` trains exactly those groups again instead of regenerating them.
+ */
+import { Cause, Clock, Effect, Schema, Stream } from "effect"
+import type { RunConfig } from "../config/RunConfig.ts"
+import type { CheckpointError } from "../domain/Errors.ts"
+import type { PolicyVersion } from "../domain/PolicyVersion.ts"
+import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import { Metrics } from "../metrics/Metrics.ts"
+import { Checkpointer } from "../store/Checkpointer.ts"
+import { PolicyModel } from "../trainer/PolicyModel.ts"
+import { type StepResult, Trainer, type TrainerState } from "../trainer/Trainer.ts"
+import * as ConsumedLog from "./ConsumedLog.ts"
+import type * as Evaluator from "./Evaluator.ts"
+import * as StopSignal from "./StopSignal.ts"
+
+/** The trainer failed inside a step: the step, its prompts, and whether a checkpoint keeps its groups for a retry. */
+export class TrainerFault extends Schema.TaggedError<TrainerFault>()("TrainerFault", {
+  step: Schema.Int,
+  prompts: Schema.String,
+  message: Schema.String,
+  kept: Schema.optionalKey(Schema.String) // the checkpoint that holds the step's groups in flight
+}) {}
+
+/** Where a run starts: fresh, or from a checkpoint (its trainer state already restored by the loop). */
+export interface Start {
+  readonly firstStep: number
+  readonly checkpoint?: { readonly dir: string; readonly data: Readonly<Record<string, unknown>> }
+}
+
+/** The groups of one training step, in cursor order, with the source's own measurements of how they came. */
+export interface Batch {
+  readonly step: number
+  readonly groups: ReadonlyArray<TrajectoryGroup>
+  readonly metrics: Readonly<Record<string, number>> // e.g. timing/generate, async/staleness_max
+  readonly startedAt: number // epoch ms when the source started on this batch
+}
+
+/** What a checkpoint adds for the source: trainer_state.json `data` and extra files (in-flight groups). */
+export interface CheckpointPart {
+  readonly data: Readonly<Record<string, unknown>>
+  readonly files?: Readonly<Record<string, string>>
+  readonly inflight: number
+}
+
+export interface Source {
+  /** Steps this source can feed (from step 1): the loop trains up to this many. */
+  readonly totalSteps: number
+  /** The batches of steps start.firstStep, firstStep + 1, …; the next is pulled after the previous was trained. */
+  readonly batches: Stream.Stream<Batch>
+  /** Runs around a step's training and weight publish (in-process sync pauses the engine). */
+  readonly guard: <A, E, R>(train: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+  /** Step `step` was trained and its weights published as `version`; returns metrics measured since the batch. */
+  readonly trained: (step: number, version: PolicyVersion) => Effect.Effect<Readonly<Record<string, number>>>
+  /** Stop whatever the source runs in the background (after the last step, before the final evaluation). */
+  readonly close: Effect.Effect<void>
+  /** The source's part of a checkpoint at `step`; `failed` are groups of a later step that must be trained again. */
+  readonly checkpoint: (step: number, failed?: ReadonlyArray<TrajectoryGroup>) => Effect.Effect<CheckpointPart>
+}
+
+export interface Options<R = never> {
+  readonly config: RunConfig
+  readonly runDir: string
+  readonly resumeFrom?: string
+  /** Publish the trainer's weights as `version` to whatever samples from them (nothing for replay). */
+  readonly publish: (version: PolicyVersion) => Effect.Effect<void>
+  /** Held-out evaluation at a step; absent: no evaluation (replay). */
+  readonly evaluate?: (label: string, step: number) => Effect.Effect<Evaluator.Report | undefined, never, R>
+  /** Append every trained prompt to `consumed.jsonl` (off for replay, which must not touch the recorded run). */
+  readonly recordConsumed: boolean
+}
+
+export interface Summary {
+  readonly event: "summary"
+  readonly steps: number
+  readonly groups: number
+  readonly seconds: number
+  readonly runDir: string
+  readonly checkpoint?: string
+  readonly stopped?: "max_train_seconds" | "signal"
+  readonly evalBefore?: Evaluator.Report
+  readonly evalAfter?: Evaluator.Report
+}
+
+/** When training must stop (epoch ms), for `trainer.max_train_seconds` counted from `start`; Infinity without it. */
+export const deadlineOf = (config: RunConfig, start: number): number =>
+  config.trainer.max_train_seconds === undefined
+    ? Number.POSITIVE_INFINITY
+    : start + config.trainer.max_train_seconds * 1000
+
+/** Steps a run of `trainRows` prompts trains: whole batches over `epochs`, at most `max_steps`. */
+export const totalSteps = (config: RunConfig, trainRows: number): number => {
+  const byData = Math.floor((trainRows * config.trainer.epochs) / config.trainer.train_batch_size)
+  return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
+}
+
+const promptsOf = (groups: ReadonlyArray<TrajectoryGroup>) => groups.map((g) => `${g.promptUid}@${g.cursor}`).join(", ")
+
+/** The error of a failed trainer step, as one line (the first failure or defect of the cause). */
+const describe = (cause: Cause.Cause<unknown>): string => {
+  const error = Cause.squash(cause)
+  return error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+}
+
+interface Trained {
+  readonly batch: Batch
+  readonly result: StepResult
+  readonly last: boolean
+  readonly stopped?: "max_train_seconds" | "signal"
+}
+
+/**
+ * Run the loop: `makeSource` builds the source once the start is known (after the trainer state was restored).
+ */
+export const run = <R1, R2>(
+  options: Options<R1>,
+  makeSource: (start: Start) => Effect.Effect<Source, never, R2>
+): Effect.Effect<Summary, TrainerFault | CheckpointError, R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel> =>
+  Effect.gen(function* () {
+    const { config, runDir } = options
+    const trainer = yield* Trainer
+    const metrics = yield* Metrics
+    const checkpointer = yield* Checkpointer
+    const { model } = yield* PolicyModel
+    const started = yield* Clock.currentTimeMillis
+
+    let start: Start = { firstStep: 1 }
+    if (options.resumeFrom !== undefined) {
+      const restored = yield* checkpointer.read(options.resumeFrom)
+      yield* trainer.restore(restored.trainer)
+      start = { firstStep: restored.trainer.step + 1, checkpoint: { dir: options.resumeFrom, data: restored.data } }
+      // what samples starts at version 0: tell it the restored weights' version before anything samples from them
+      yield* options.publish(yield* trainer.version)
+      yield* Effect.logInfo(`resumed from ${options.resumeFrom} at step ${restored.trainer.step}`)
+    }
+    // steps from firstStep on are trained (again): forget their consumed lines, e.g. those a crash left after the
+    // checkpoint or a killed run left before its first one
+    if (options.recordConsumed) yield* ConsumedLog.truncateTo(runDir, start.firstStep - 1)
+
+    const source = yield* makeSource(start)
+    const steps = source.totalSteps
+    const evaluate: NonNullable<Options<R1>["evaluate"]> = options.evaluate ?? (() => Effect.succeed(undefined))
+    const evalBefore =
+      config.trainer.eval_before_train && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
+
+    const save = (step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
+      Effect.gen(function* () {
+        const part = yield* source.checkpoint(step, failed)
+        const saved = yield* checkpointer.save(step, model, state, part.data, part.files).pipe(Effect.orDie)
+        yield* Effect.logInfo(
+          `checkpoint ${saved.dir}${part.inflight > 0 ? ` (${part.inflight} in-flight groups)` : ""}`
+        )
+        return saved.dir
+      })
+
+    /** A trainer exception at `batch`'s step, as a TrainerFault; the step's groups are kept when nothing was applied. */
+    const fault = (batch: Batch, before: PolicyVersion, cause: Cause.Cause<never>) =>
+      Effect.gen(function* () {
+        const untouched = (yield* trainer.version) === before
+        // the weights and optimizer are those of the step before (the step counter only moves at a step's end)
+        const kept =
+          untouched && batch.step > 1 ? yield* save(batch.step - 1, yield* trainer.state, batch.groups) : undefined
+        return yield* new TrainerFault({
+          step: batch.step,
+          prompts: promptsOf(batch.groups),
+          message:
+            `${describe(cause)}. ` +
+            (kept !== undefined
+              ? `No update was applied: ${kept} holds this step's groups, and train --resume latest trains them again`
+              : untouched
+                ? "No update was applied; train again (the first step has no checkpoint to keep its groups in)"
+                : "An update was applied mid-step: train --resume latest continues from the last checkpoint"),
+          ...(kept === undefined ? {} : { kept })
+        })
+      })
+
+    /** One step: train and publish under the source's guard, then record it. */
+    const trainStep = (batch: Batch) =>
+      Effect.gen(function* () {
+        const before = yield* trainer.version
+        const t0 = yield* Clock.currentTimeMillis
+        let publishMs = 0
+        const result = yield* source.guard(
+          trainer.step(batch.groups).pipe(
+            Effect.catchCause((cause) =>
+              Cause.hasInterruptsOnly(cause) ? Effect.failCause(cause) : fault(batch, before, cause)
+            ),
+            Effect.tap((r) =>
+              Effect.gen(function* () {
+                const t1 = yield* Clock.currentTimeMillis
+                yield* options.publish(r.version)
+                publishMs = (yield* Clock.currentTimeMillis) - t1
+              })
+            )
+          )
+        )
+        const trainAndSyncMs = (yield* Clock.currentTimeMillis) - t0
+        if (options.recordConsumed) yield* ConsumedLog.append(runDir, batch.step, batch.groups)
+        const after = yield* source.trained(batch.step, result.version)
+        const now = yield* Clock.currentTimeMillis
+        const values = {
+          ...result.metrics,
+          ...batch.metrics,
+          ...after,
+          "trainer/policy_version": result.version,
+          "timing/weight_sync": publishMs / 1000,
+          "timing/train_and_sync": trainAndSyncMs / 1000,
+          "timing/step": (now - batch.startedAt) / 1000
+        }
+        yield* metrics.record("train", batch.step, values)
+        yield* metrics.progress({ step: batch.step, totalSteps: steps, values })
+        return { result, values }
+      })
+
+    const deadline = deadlineOf(config, yield* Clock.currentTimeMillis)
+    let groups = 0
+    let last: Trained | undefined
+    let checkpoint: string | undefined
+    const stream = source.batches.pipe(
+      Stream.take(Math.max(0, steps - start.firstStep + 1)),
+      Stream.mapEffect((batch) =>
+        Effect.gen(function* () {
+          const { result } = yield* trainStep(batch)
+          groups += batch.groups.length
+          const isLast = batch.step >= steps
+          const stopped: Trained["stopped"] = isLast
+            ? undefined
+            : StopSignal.requested()
+              ? "signal"
+              : (yield* Clock.currentTimeMillis) >= deadline
+                ? "max_train_seconds"
+                : undefined
+          if (stopped === "signal")
+            yield* Effect.logInfo(`stop requested: checkpointing step ${batch.step} and stopping`)
+          if (stopped === "max_train_seconds") {
+            yield* Effect.logInfo(
+              `trainer.max_train_seconds (${config.trainer.max_train_seconds}) reached after step ${batch.step} of ${steps}: stopping`
+            )
+          }
+          const trained: Trained = {
+            batch,
+            result,
+            last: isLast || stopped !== undefined,
+            ...(stopped ? { stopped } : {})
+          }
+          return trained
+        })
+      ),
+      Stream.takeUntil((t) => t.last),
+      Stream.runForEach((t) =>
+        Effect.gen(function* () {
+          last = t
+          const step = t.batch.step
+          if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && !t.last) {
+            yield* evaluate(`at step ${step}`, step)
+          }
+          if (t.last || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
+            checkpoint = yield* save(step, yield* trainer.state)
+          }
+        })
+      )
+    )
+    yield* StopSignal.honour(stream).pipe(Effect.ensuring(source.close))
+
+    const lastStep = last?.batch.step ?? start.firstStep - 1
+    const evalAfter = last?.stopped === "signal" ? undefined : yield* evaluate("after training", lastStep)
+    const summary: Summary = {
+      event: "summary",
+      steps: lastStep,
+      groups,
+      seconds: Math.round((((yield* Clock.currentTimeMillis) - started) / 1000) * 10) / 10,
+      runDir,
+      ...(checkpoint === undefined ? {} : { checkpoint }),
+      ...(last?.stopped === undefined ? {} : { stopped: last.stopped }),
+      ...(evalBefore === undefined ? {} : { evalBefore }),
+      ...(evalAfter === undefined ? {} : { evalAfter })
+    }
+    return summary
+  }).pipe(Effect.withSpan("TrainingLoop.run"))
