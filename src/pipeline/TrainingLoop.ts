@@ -119,7 +119,11 @@ const promptsOf = (groups: ReadonlyArray<TrajectoryGroup>) => groups.map((g) => 
 /** The error of a failed trainer step, as one line (the first failure or defect of the cause). */
 const describe = (cause: Cause.Cause<unknown>): string => {
   const error = Cause.squash(cause)
-  return error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+  return error instanceof Error
+    ? error.name === "Error"
+      ? error.message
+      : `${error.name}: ${error.message}`
+    : String(error)
 }
 
 interface Trained {
