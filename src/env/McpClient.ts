@@ -21,8 +21,18 @@
  *   2. it failed with a retryable reason (Timeout, Disconnected) on a `shared` server and the server declared the tool
  *      `readOnlyHint` or `idempotentHint`, so a second delivery cannot change any state.
  * Everything else (a tool error, bad arguments, a timeout on a tool that may write) is returned to the caller once.
- * Retries wait 25 ms, then 50 ms · 2^n (jittered), at most `retries` times; a call that succeeds first time never
- * enters the retry machinery.
+ *
+ * `retries` counts a call's own failed deliveries, not its attempts:
+ *   - A crash takes down every call in flight on the server, though at most one of them caused it: each of the N
+ *     calls it took down is charged 1/N of a delivery. Without this, one crash spent a retry of every call in flight,
+ *     and with a few concurrent callers a crashing server's disconnects reached the policy almost every time.
+ *   - Calls re-driven after a crash go to the restarted server one at a time: sent all at once, the next crash would
+ *     take them all down again, and a call that crashes the server on every delivery would never be told apart from
+ *     the calls it takes down with it.
+ *   - An attempt that never reached a server (the restart failed, e.g. the server died during the handshake) is not
+ *     a delivery; at most `retries` of those in a row.
+ * A call fails once more than `retries` deliveries are charged to it. Retries wait 25 ms, then 50 ms · 2^n (jittered,
+ * at most 1 s); a call that succeeds first time never enters the retry machinery.
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
@@ -496,11 +506,40 @@ interface Live {
   readonly client: Client
   readonly transport: Transport
   closed: boolean
+  /** tools/call requests sent on this connection and not settled yet. */
+  inFlight: number
+  /** `inFlight` when the connection closed: the calls a crash took down together. */
+  suspects: number
 }
 
 interface CallFailure {
   readonly error: ToolCallError
   readonly delivered: boolean
+  /** The part of this failure charged to the call: 1, 1/N for a crash that took N calls down, 0 if never delivered. */
+  readonly share: number
+}
+
+/**
+ * What a call's failures have cost it, under the retry rule in the header: deliveries are charged their share,
+ * attempts that never reached a server are counted in a row. `spend` answers whether the call may be sent again.
+ */
+class RetryBudget {
+  charged = 0
+  refused = 0
+  readonly retries: number
+  constructor(retries: number) {
+    this.retries = retries
+  }
+  spend(f: CallFailure): boolean {
+    if (f.delivered) {
+      this.charged += f.share
+      this.refused = 0
+    } else {
+      this.refused++
+    }
+    // a little slack: three crashes shared by three calls charge each 1/3 + 1/3 + 1/3, which may round past 1
+    return this.charged <= this.retries + 1e-9 && this.refused <= this.retries
+  }
 }
 
 /** Completes an `Effect.callback`. */
@@ -525,7 +564,11 @@ interface Counters {
 const clientInfo = { name: "effect-rl", version: "0.1.0" }
 
 const backoffStart = "25 millis"
-const backoff = Schedule.exponential("50 millis", 2).pipe(Schedule.jittered)
+// capped: a call whose crashes were shared with other calls may be re-driven more than `retries` times
+const backoff = Schedule.min([
+  Schedule.exponential("50 millis", 2).pipe(Schedule.jittered),
+  Schedule.spaced("1 second")
+])
 
 /** A URL without credentials or query (tokens hide there): what error messages may show. */
 export const redactUrl = (url: string): string => {
@@ -583,6 +626,7 @@ const makeConnection = Effect.fnUntraced(function* (
 ) {
   const scope = yield* Scope.Scope
   const lock = yield* Semaphore.make(1)
+  const redrives = yield* Semaphore.make(1) // calls re-driven after a crash go one at a time
   const counters = options.counters
   const stderr = yield* Queue.sliding<string>(1024)
   const recent: Array<string> = []
@@ -646,9 +690,11 @@ const makeConnection = Effect.fnUntraced(function* (
     if (options.elicitation === "accept_defaults") {
       client.setRequestHandler(ElicitRequestSchema, () => ({ action: "accept", content: {} }))
     }
-    const next: Live = { client, transport, closed: false }
+    const next: Live = { client, transport, closed: false, inFlight: 0, suspects: 0 }
+    // the SDK calls this before it fails the pending requests: they read how many went down together
     client.onclose = () => {
       next.closed = true
+      next.suspects = next.inFlight
     }
     return next
   }
@@ -765,9 +811,15 @@ const makeConnection = Effect.fnUntraced(function* (
   type Outcome =
     | { readonly ok: true; readonly value: ToolResult }
     | { readonly ok: false; readonly failure: CallFailure }
-  const failed = (tool: string, reason: ToolCallErrorReason, message: string, delivered: boolean): Outcome => ({
+  const failed = (
+    tool: string,
+    reason: ToolCallErrorReason,
+    message: string,
+    delivered: boolean,
+    share = 1
+  ): Outcome => ({
     ok: false,
-    failure: { error: new ToolCallError({ tool, server: config.name, reason, message }), delivered }
+    failure: { error: new ToolCallError({ tool, server: config.name, reason, message }), delivered, share }
   })
 
   /** A `tools/call` result as an outcome: `isError` results are failures, with the server's text. */
@@ -801,7 +853,13 @@ const makeConnection = Effect.fnUntraced(function* (
     if (notDelivered && conn.transport instanceof StreamableHTTPClientTransport) conn.closed = true
     const reason = sessionLost ? "Disconnected" : classify(cause)
     const message = reason === "Timeout" ? `${tool} timed out after ${config.timeout_ms} ms` : describeCause(cause)
-    return failed(tool, reason, message, !notDelivered)
+    // a crash (the connection closed under the call) is shared among the calls it took down
+    const share = notDelivered
+      ? 0
+      : reason === "Disconnected" && conn.closed && conn.suspects > 1
+        ? 1 / conn.suspects
+        : 1
+    return failed(tool, reason, message, !notDelivered, share)
   }
 
   /**
@@ -815,7 +873,7 @@ const makeConnection = Effect.fnUntraced(function* (
     }
     try {
       await conn.transport.finishAuth(code)
-      return failed(tool, "Disconnected", "re-authorized; sending again", false)
+      return failed(tool, "Disconnected", "re-authorized; sending again", false, 0)
     } catch (error) {
       return failed(tool, "ServerError", `re-authorization failed: ${describeCause(error)}`, true)
     }
@@ -827,14 +885,21 @@ const makeConnection = Effect.fnUntraced(function* (
     tool: string,
     args: Readonly<Record<string, unknown>>,
     signal: AbortSignal
-  ): Promise<Outcome> =>
-    conn.client
+  ): Promise<Outcome> => {
+    conn.inFlight++
+    return conn.client
       .callTool({ name: tool, arguments: { ...args } }, undefined, { timeout: config.timeout_ms, signal })
       .then(
-        (result) => settle(tool, result),
-        (cause: unknown) =>
-          cause instanceof UnauthorizedError ? reauthorize(conn, tool, cause) : rejected(conn, tool, cause)
+        (result) => {
+          conn.inFlight--
+          return settle(tool, result)
+        },
+        (cause: unknown) => {
+          conn.inFlight--
+          return cause instanceof UnauthorizedError ? reauthorize(conn, tool, cause) : rejected(conn, tool, cause)
+        }
       )
+  }
 
   const fromOutcome = (o: Outcome): Effect.Effect<ToolResult, CallFailure> =>
     o.ok ? Effect.succeed(o.value) : Effect.fail(o.failure)
@@ -848,7 +913,8 @@ const makeConnection = Effect.fnUntraced(function* (
               Effect.mapError(
                 (e): CallFailure => ({
                   error: new ToolCallError({ tool, server: config.name, reason: "Disconnected", message: e.message }),
-                  delivered: false
+                  delivered: false,
+                  share: 0
                 })
               )
             )
@@ -867,23 +933,34 @@ const makeConnection = Effect.fnUntraced(function* (
     return f.error
   }
 
+  /** A failure of a call that reached the server and lost it: a crash, or a kill from outside. */
+  const crashed = (f: CallFailure) => f.delivered && f.error.reason === "Disconnected"
+
   /** After a first failure: sent again under the retry rule (see the header), else the error, counted. */
   const recover = (
     tool: string,
     args: Readonly<Record<string, unknown>>,
     first: CallFailure
-  ): Effect.Effect<ToolResult, ToolCallError> =>
-    options.retries === 0 || !mayRetry(tool)(first)
-      ? Effect.fail(countError(first))
-      : Effect.suspend(() => {
-          counters.calls++
-          counters.retries++
-          return callOnce(tool, args)
-        }).pipe(
-          Effect.delay(backoffStart),
-          Effect.retry({ schedule: backoff, times: options.retries - 1, while: mayRetry(tool) }),
-          Effect.mapError(countError)
-        )
+  ): Effect.Effect<ToolResult, ToolCallError> => {
+    const budget = new RetryBudget(options.retries)
+    if (options.retries === 0 || !mayRetry(tool)(first) || !budget.spend(first)) return Effect.fail(countError(first))
+    let last = first
+    return Effect.suspend(() => {
+      counters.calls++
+      counters.retries++
+      return crashed(last) ? redrives.withPermits(1)(callOnce(tool, args)) : callOnce(tool, args)
+    }).pipe(
+      Effect.delay(backoffStart),
+      Effect.retry({
+        schedule: backoff,
+        while: (f) => {
+          last = f
+          return mayRetry(tool)(f) && budget.spend(f)
+        }
+      }),
+      Effect.mapError(countError)
+    )
+  }
 
   const first = (tool: string, args: Readonly<Record<string, unknown>>): Effect.Effect<ToolResult, ToolCallError> =>
     Effect.catch(callOnce(tool, args), (f) => recover(tool, args, f))
@@ -898,6 +975,7 @@ const makeConnection = Effect.fnUntraced(function* (
     const done = (o: Outcome) => resume(o.ok ? Effect.succeed(o.value) : recover(tool, args, o.failure))
     const die = (defect: unknown) => resume(Effect.die(defect))
     // settled in the SDK promise's own callbacks: no second promise per call
+    conn.inFlight++
     conn.client
       .callTool({ name: tool, arguments: { ...args } }, undefined, {
         timeout: config.timeout_ms,
@@ -905,6 +983,7 @@ const makeConnection = Effect.fnUntraced(function* (
       })
       .then(
         (result) => {
+          conn.inFlight--
           let o: Outcome
           try {
             o = settle(tool, result)
@@ -914,6 +993,7 @@ const makeConnection = Effect.fnUntraced(function* (
           done(o)
         },
         (cause: unknown) => {
+          conn.inFlight--
           if (cause instanceof UnauthorizedError) reauthorize(conn, tool, cause).then(done, die)
           else done(rejected(conn, tool, cause))
         }

@@ -27,14 +27,19 @@ export const memory = (file: string, extra: Record<string, unknown> = {}) =>
   config({ name: "memory", command: "node", args: [pkg("server-memory")], env: { MEMORY_FILE_PATH: file }, ...extra })
 export const filesystem = (dir: string, extra: Record<string, unknown> = {}) =>
   config({ name: "fs", command: "node", args: [pkg("server-filesystem"), dir], ...extra })
+/** The faulty fixture, counting deliveries in `dir`/calls.log; `extra.env` adds to its environment. */
 export const faulty = (dir: string, extra: Record<string, unknown> = {}) =>
   config({
     name: "faulty",
     command: "node",
     args: [faultyScript],
-    env: { FAULTY_COUNT_FILE: join(dir, "calls.log"), FAULTY_STATE_DIR: dir },
     timeout_ms: 400,
-    ...extra
+    ...extra,
+    env: {
+      FAULTY_COUNT_FILE: join(dir, "calls.log"),
+      FAULTY_STATE_DIR: dir,
+      ...(extra["env"] as Record<string, string> | undefined)
+    }
   })
 
 export const cancelProbeScript = join(root, "test/env/CancelProbeServer.ts")
