@@ -1,14 +1,15 @@
 /**
- * Run metrics: one JSON object per training step (and per eval) appended to `<run dir>/metrics.jsonl` with SkyRL's
- * key names (`reward/avg_pass_at_n`, `loss/policy`, `policy/approx_kl`, `timing/*`, `eval/<source>/avg_score`), and a
- * live progress line on stderr: step, reward, pass@n, elapsed, ETA.
+ * Run metrics: one JSON object per training step (and per eval) appended to `<run dir>/metrics.jsonl`, with the
+ * names of MetricKeys (SkyRL's where it has one: `reward/avg_pass_at_n`, `loss/policy`, `policy/approx_kl`,
+ * `timing/*`, `eval/<source>/avg_score`), and a live progress line on stderr: step, reward, pass@n, elapsed, ETA.
  */
 import { Clock, Console, Context, Effect, FileSystem, Layer, Path, Ref } from "effect"
+import type * as MetricKeys from "./MetricKeys.ts"
 
 export interface Progress {
   readonly step: number
   readonly totalSteps: number
-  readonly values: Readonly<Record<string, number>>
+  readonly values: MetricKeys.Values
 }
 
 export class Metrics extends Context.Service<
@@ -16,7 +17,7 @@ export class Metrics extends Context.Service<
   {
     readonly file: string
     /** Append one record (`step` and `event` are added) and update the progress line. */
-    readonly record: (event: string, step: number, values: Readonly<Record<string, number>>) => Effect.Effect<void>
+    readonly record: (event: string, step: number, values: MetricKeys.Values) => Effect.Effect<void>
     readonly progress: (progress: Progress) => Effect.Effect<void>
     readonly elapsedSeconds: Effect.Effect<number>
   }
@@ -50,9 +51,9 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
   const file = path.join(runDir, fileName)
   yield* fs.makeDirectory(runDir, { recursive: true }).pipe(Effect.orDie)
   const started = yield* Clock.currentTimeMillis
-  const lastValues = yield* Ref.make<Record<string, number>>({})
+  const lastValues = yield* Ref.make<MetricKeys.Values>({})
   const elapsedSeconds = Effect.map(Clock.currentTimeMillis, (now) => (now - started) / 1000)
-  const record = (event: string, step: number, values: Readonly<Record<string, number>>) =>
+  const record = (event: string, step: number, values: MetricKeys.Values) =>
     Effect.gen(function* () {
       const time = yield* elapsedSeconds
       const line = JSON.stringify({ event, step, time: Math.round(time * 1000) / 1000, ...values })

@@ -26,6 +26,8 @@ import type { RunConfig } from "../config/RunConfig.ts"
 import type { CheckpointError } from "../domain/Errors.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as Env from "../env/Env.ts"
+import type * as MetricKeys from "../metrics/MetricKeys.ts"
 import { Metrics } from "../metrics/Metrics.ts"
 import { Checkpointer } from "../store/Checkpointer.ts"
 import { PolicyModel } from "../trainer/PolicyModel.ts"
@@ -52,7 +54,7 @@ export interface Start {
 export interface Batch {
   readonly step: number
   readonly groups: ReadonlyArray<TrajectoryGroup>
-  readonly metrics: Readonly<Record<string, number>> // e.g. timing/generate, async/staleness_max
+  readonly metrics: MetricKeys.Values // e.g. timing/generate, async/staleness_max
   readonly startedAt: number // epoch ms when the source started on this batch
 }
 
@@ -71,7 +73,7 @@ export interface Source {
   /** Runs around a step's training and weight publish (in-process sync pauses the engine). */
   readonly guard: <A, E, R>(train: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   /** Step `step` was trained and its weights published as `version`; returns metrics measured since the batch. */
-  readonly trained: (step: number, version: PolicyVersion) => Effect.Effect<Readonly<Record<string, number>>>
+  readonly trained: (step: number, version: PolicyVersion) => Effect.Effect<MetricKeys.Values>
   /** Stop whatever the source runs in the background (after the last step, before the final evaluation). */
   readonly close: Effect.Effect<void>
   /** The source's part of a checkpoint at `step`; `failed` are groups of a later step that must be trained again. */
@@ -222,8 +224,9 @@ export const run = <R1, R2>(
         if (options.recordConsumed) yield* ConsumedLog.append(runDir, batch.step, batch.groups)
         const after = yield* source.trained(batch.step, result.version)
         const now = yield* Clock.currentTimeMillis
-        const values = {
+        const values: MetricKeys.Values = {
           ...result.metrics,
+          ...Env.aggregateMetrics(batch.groups.flatMap((g) => g.trajectories.map((t) => t.envMetrics))),
           ...batch.metrics,
           ...after,
           "trainer/policy_version": result.version,

@@ -6,6 +6,7 @@
  * The page script publishes what it drew on `window.__report` (`charts`: title, canvas size, points per series;
  * `errors`), which the browser test reads.
  */
+import * as MetricKeys from "../MetricKeys.ts"
 import type { Data, EvalScore } from "../Report.ts"
 
 export const escapeHtml = (s: string): string =>
@@ -151,30 +152,13 @@ const script = String.raw`
   }
 
   // ---------------------------------------------------------------- charts
-  var CHARTS = [
-    { title: "Reward (mean over training trajectories)", keys: ["reward/avg_raw_reward"] },
-    { title: "pass@n (training groups)", keys: ["reward/avg_pass_at_n"] },
-    { title: "Held-out success (eval avg_score, pass@n)", source: "eval", match: /^eval\/[^=]+\/(avg_score|pass_at_n)$/ },
-    // trainer.eval_group_by: one line per value of the key (e.g. per toolbox family)
-    { title: "Held-out avg_score per group", source: "eval", match: /^eval\/.+=.+\/avg_score$/, optional: true },
-    { title: "KL (approx., policy vs behaviour)", match: /(^|\/)(approx_kl|kl|kl_[a-z_]+)$/ },
-    { title: "Entropy", match: /entropy/ },
-    { title: "Response length (tokens)", keys: ["generate/avg_num_tokens", "generate/max_num_tokens"] },
-    { title: "Turns per trajectory", keys: ["generate/avg_num_turns"] },
-    { title: "Staleness (policy versions behind)", match: /^async\/staleness/, optional: true },
-    { title: "Throughput: trajectories / s", keys: ["throughput/trajectories_per_s"] },
-    { title: "Throughput: sampled tokens / s", keys: ["throughput/tokens_per_s"] },
-    { title: "Policy loss", keys: ["loss/policy"] },
-    { title: "Clip fraction", keys: ["policy/clip_frac"] },
-    { title: "Gradient norm", keys: ["policy/grad_norm"] },
-    { title: "Learning rate", keys: ["policy/lr"] },
-    { title: "Time per step (s)", match: /^timing\/(?!eval)/ }
-  ];
+  // the chart table of MetricKeys (src/metrics/MetricKeys.ts): titles and the metric names each draws
+  var CHARTS = ${JSON.stringify(MetricKeys.charts)};
 
   function seriesFor(spec) {
     var cols = spec.source === "eval" ? data.eval : data.train;
     var keys = spec.keys ? spec.keys.filter(function (k) { return cols.series[k]; })
-      : Object.keys(cols.series).filter(function (k) { return spec.match.test(k); }).sort();
+      : Object.keys(cols.series).filter(function (k) { return new RegExp(spec.match).test(k); }).sort();
     return { cols: cols, keys: keys };
   }
 
