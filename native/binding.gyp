@@ -2,7 +2,17 @@
   "targets": [
     {
       "target_name": "effect_rl_kernels",
-      "sources": ["kernels.cc"],
+      "sources": [
+        "module.cc",
+        "pool.cc",
+        "gemm.cc",
+        "matmul.cc",
+        "elementwise.cc",
+        "layout.cc",
+        "adam.cc",
+        "fused.cc",
+        "attention.cc"
+      ],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],
       "cflags_cc": ["-std=c++17", "-O3", "-fno-math-errno", "<!@(sh ./detect-blas.sh cflags)"],

@@ -1,0 +1,219 @@
+#include "gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pool.h"
+
+namespace effect_rl {
+
+// SGEMM without BLAS: C[M,N] = op(A)[M,K] · op(B)[K,N] (row-major; lda/ldb are the stored row lengths).
+// Blocked for cache (KC × NC panels of B packed row-major), 4-row register blocking, inner loop over N written so
+// the compiler vectorises it with the widest FMA the build machine has (-march=native).
+#ifndef EFFECT_RL_OPENBLAS
+constexpr int KC = 256;
+constexpr int NC = 512;
+
+static void gemmBlock(const float* A, int lda, bool ta, const float* Bp, int nc, int kc, int k0, float* C, int ldc,
+                      int i0, int i1) {
+  int i = i0;
+  auto a = [&](int row, int k) { return ta ? A[(int64_t)k * lda + row] : A[(int64_t)row * lda + k]; };
+  for (; i + 4 <= i1; i += 4) {
+    float* c0 = C + (int64_t)i * ldc;
+    float* c1 = c0 + ldc;
+    float* c2 = c1 + ldc;
+    float* c3 = c2 + ldc;
+    for (int k = 0; k < kc; k++) {
+      const float* b = Bp + (int64_t)k * nc;
+      float a0 = a(i, k0 + k), a1 = a(i + 1, k0 + k), a2 = a(i + 2, k0 + k), a3 = a(i + 3, k0 + k);
+#pragma GCC ivdep
+      for (int j = 0; j < nc; j++) {
+        float bj = b[j];
+        c0[j] += a0 * bj;
+        c1[j] += a1 * bj;
+        c2[j] += a2 * bj;
+        c3[j] += a3 * bj;
+      }
+    }
+  }
+  for (; i < i1; i++) {
+    float* c0 = C + (int64_t)i * ldc;
+    for (int k = 0; k < kc; k++) {
+      const float* b = Bp + (int64_t)k * nc;
+      float a0 = a(i, k0 + k);
+#pragma GCC ivdep
+      for (int j = 0; j < nc; j++) c0[j] += a0 * b[j];
+    }
+  }
+}
+
+// Single-threaded: callers parallelise over batches or row blocks.
+static void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
+                  int ldc, int rowBegin, int rowEnd) {
+  for (int i = rowBegin; i < rowEnd; i++) std::memset(C + (int64_t)i * ldc, 0, sizeof(float) * N);
+  Scratch pack((size_t)KC * NC);
+  for (int j0 = 0; j0 < N; j0 += NC) {
+    int nc = std::min(NC, N - j0);
+    for (int k0 = 0; k0 < K; k0 += KC) {
+      int kc = std::min(KC, K - k0);
+      for (int k = 0; k < kc; k++) {
+        float* dst = pack.p + (int64_t)k * nc;
+        if (tb) {
+          for (int j = 0; j < nc; j++) dst[j] = B[(int64_t)(j0 + j) * ldb + k0 + k];
+        } else {
+          std::memcpy(dst, B + (int64_t)(k0 + k) * ldb + j0, sizeof(float) * nc);
+        }
+      }
+      gemmBlock(A, lda, ta, pack.p, nc, kc, k0, C + j0, ldc, rowBegin, rowEnd);
+    }
+  }
+}
+#endif
+
+// Rows [rowBegin, rowEnd) of one matmul, on the calling thread. OpenBLAS runs single-threaded (set at load):
+// the pool splits rows or batches, so two thread pools never fight over the cores.
+void gemmRows(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C, int rowBegin,
+              int rowEnd) {
+  int lda = ta ? M : K;
+  int ldb = tb ? K : N;
+  int rows = rowEnd - rowBegin;
+  if (rows <= 0) return;
+  if (K == 0) {
+    std::memset(C + (int64_t)rowBegin * N, 0, sizeof(float) * (size_t)rows * N);
+    return;
+  }
+  // Row i of op(A) starts at A + i·lda (not transposed) or at column i of the stored [K, M] (transposed).
+  const float* a = ta ? A + rowBegin : A + (int64_t)rowBegin * lda;
+#ifdef EFFECT_RL_OPENBLAS
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, rows, N, K, 1.0f, a, lda,
+              B, ldb, 0.0f, C + (int64_t)rowBegin * N, N);
+#else
+  (void)a;
+  sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, N, rowBegin, rowEnd);
+#endif
+}
+
+// Few rows (decode steps: M = batch ≤ kSmallM): stream B once, rows of C stay in L1. BLAS GEMMs pack all of B per
+// call, which costs more than the multiply at this size. Columns [n0, n1) of C.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, unaligned access allowed
+
+// R rows × (16·V) columns of C in R·V vector registers, B streamed once per row group; then plain loops over the
+// column tail (< 16·V).
+template <int R, int V>
+static void smallRows(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
+  int j0 = n0;
+  for (; j0 + 16 * V <= n1; j0 += 16 * V) {
+    v16 c[R][V] = {};
+    const float* a0 = A + (int64_t)i0 * K;
+    for (int k = 0; k < K; k++) {
+      const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
+      v16 bv[V];
+      for (int v = 0; v < V; v++) bv[v] = b[v];
+      for (int r = 0; r < R; r++) {
+        float a = a0[(int64_t)r * K + k];
+        for (int v = 0; v < V; v++) c[r][v] += a * bv[v];
+      }
+    }
+    for (int r = 0; r < R; r++) {
+      v16* out = reinterpret_cast<v16*>(C + (int64_t)(i0 + r) * N + j0);
+      for (int v = 0; v < V; v++) out[v] = c[r][v];
+    }
+  }
+  if (j0 < n1) {
+    int nb = n1 - j0;
+    for (int r = 0; r < R; r++) {
+      float acc[16 * V] = {0};
+      const float* a = A + (int64_t)(i0 + r) * K;
+      for (int k = 0; k < K; k++) {
+        const float* b = B + (int64_t)k * N + j0;
+        for (int j = 0; j < nb; j++) acc[j] += a[k] * b[j];
+      }
+      std::memcpy(C + (int64_t)(i0 + r) * N + j0, acc, sizeof(float) * nb);
+    }
+  }
+}
+
+void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  int i0 = 0;
+  for (; i0 + 8 <= M; i0 += 8) smallRows<8, 2>(N, K, A, B, C, i0, n0, n1);  // batch-8 decode: B read once
+  for (; i0 + 4 <= M; i0 += 4) smallRows<4, 4>(N, K, A, B, C, i0, n0, n1);
+  for (; i0 < M; i0++) smallRows<1, 4>(N, K, A, B, C, i0, n0, n1);
+}
+
+// B stored [N, K] (transposeB): C[i, j] = A[i, :] · B[j, :], dot products over contiguous rows.
+void smallGemmNT(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  for (int j = n0; j < n1; j++) {
+    const float* b = B + (int64_t)j * K;
+    for (int i = 0; i < M; i++) {
+      const float* a = A + (int64_t)i * K;
+      float part[16] = {0};
+      int k = 0;
+      for (; k + 16 <= K; k += 16)
+        for (int t = 0; t < 16; t++) part[t] += a[k + t] * b[k + t];
+      float sum = 0.0f;
+      for (; k < K; k++) sum += a[k] * b[k];
+      for (int t = 0; t < 16; t++) sum += part[t];
+      C[(int64_t)i * N + j] = sum;
+    }
+  }
+}
+
+void epilogue(float* C, int64_t rows, int N, const float* bias, int act, float alpha) {
+  for (int64_t r = 0; r < rows; r++) {
+    float* c = C + r * N;
+    if (bias != nullptr) {
+      for (int j = 0; j < N; j++) c[j] += bias[j];
+    }
+    switch (act) {
+      case kRelu:
+        for (int j = 0; j < N; j++) c[j] = c[j] > 0.0f ? c[j] : 0.0f;
+        break;
+      case kRelu6:
+        for (int j = 0; j < N; j++) c[j] = std::min(6.0f, std::max(0.0f, c[j]));
+        break;
+      case kElu:
+        for (int j = 0; j < N; j++) c[j] = c[j] >= 0.0f ? c[j] : std::expm1(c[j]);
+        break;
+      case kLeakyRelu:
+        for (int j = 0; j < N; j++) c[j] = c[j] >= 0.0f ? c[j] : alpha * c[j];
+        break;
+      case kSigmoid:
+        for (int j = 0; j < N; j++) c[j] = 1.0f / (1.0f + std::exp(-c[j]));
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// C = alpha · op(A) · op(B) + beta · C on the calling thread, any leading dimensions.
+void gemmS(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+           float beta, float* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+#ifdef EFFECT_RL_OPENBLAS
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+#else
+  for (int i = 0; i < M; i++) {
+    float* c = C + (int64_t)i * ldc;
+    for (int j = 0; j < N; j++) c[j] = beta == 0.0f ? 0.0f : c[j] * beta;
+    if (tb) {
+      for (int j = 0; j < N; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += (ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]) * B[(int64_t)j * ldb + k];
+        c[j] += alpha * s;
+      }
+    } else {
+      for (int k = 0; k < K; k++) {
+        float a = alpha * (ta ? A[(int64_t)k * lda + i] : A[(int64_t)i * lda + k]);
+        const float* b = B + (int64_t)k * ldb;
+#pragma GCC ivdep
+        for (int j = 0; j < N; j++) c[j] += a * b[j];
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace effect_rl
