@@ -8,7 +8,7 @@
  *        [--model DIR] [--batch B] [--tokens T] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
  */
 import * as tf from "@tensorflow/tfjs"
-import * as NativeKernels from "../src/backend/NativeKernels.ts"
+import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Transformer from "../src/model/Transformer.ts"

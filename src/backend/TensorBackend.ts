@@ -13,7 +13,7 @@ import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
 import * as MissingKernels from "./MissingKernels.ts"
-import * as NativeKernels from "./NativeKernels.ts"
+import * as NativeKernels from "../native/NativeKernels.ts"
 import * as WebGpu from "./WebGpu.ts"
 
 export type ResolvedBackend = Exclude<BackendName, "auto">

@@ -1,7 +1,7 @@
 /**
  * Fused transformer ops: one kernel each where tfjs' composition runs 5–20 (RMSNorm, SiLU-gating, RoPE, attention over
  * a KV cache, and for inference the q|k|v preparation with the cache append and a linear with a folded RMSNorm and a
- * residual). The kernels are the native ones that src/backend/NativeKernels.ts registers under `EffectRl*` names; when
+ * residual). The kernels are the native ones that src/native/NativeKernels.ts registers under `EffectRl*` names; when
  * they are not registered on the active backend (stock kernels, cpu backend, no addon) every op runs the plain tfjs
  * composition it replaces, so results agree to float32 rounding either way.
  *

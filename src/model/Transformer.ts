@@ -18,7 +18,7 @@
  * 6. For inference, `inferenceView` fuses q/k/v into one `[D, (H+2Hkv)·hd]` matmul and gate/up into one `[D, 2I]`
  *    (LoRA adapters merged), folds each RMSNorm weight into the rows of the matmul after it and 1/√hd into q, and
  *    norms + rotates q and k as one tensor: 239 kernels per decode step of the perf model instead of ~320.
- * 7. With the native kernels registered (src/backend/NativeKernels.ts), RMSNorm, RoPE, attention and SiLU gating run
+ * 7. With the native kernels registered (src/native/NativeKernels.ts), RMSNorm, RoPE, attention and SiLU gating run
  *    as fused kernels (Fused.ts, with native gradients), and an inference view runs 7 kernels per layer (~33 per decode
  *    step of the perf model); the KV cache (token-major `[B, C, Hkv, hd]`) then grows in place. Without them the same
  *    maths runs as tfjs compositions (points 3 and 4).

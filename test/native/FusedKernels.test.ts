@@ -1,5 +1,5 @@
 /**
- * The fused transformer kernels (src/model/Fused.ts running native/kernels.cc through src/backend/NativeKernels.ts)
+ * The fused transformer kernels (src/model/Fused.ts running native/ through src/native/NativeKernels.ts)
  * against the tfjs compositions they replace: same values to 1e-5 relative error on random shapes, forward and
  * gradients; the transformer's training loss/gradients and KV-cache decoding agree with stock kernels; 1,000 steps leak
  * no tensors and no native memory. Skipped, with the reason, when the addon did not build on this machine.
@@ -8,13 +8,13 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import "@tensorflow/tfjs-backend-wasm"
 import * as MissingKernels from "../../src/backend/MissingKernels.ts"
-import * as NativeKernels from "../../src/backend/NativeKernels.ts"
 import * as Fused from "../../src/model/Fused.ts"
 import * as KvCache from "../../src/model/KvCache.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as NativeKernels from "../../src/native/NativeKernels.ts"
 import { randomTensor, rng } from "../fixtures/Random.ts"
 
 const native = NativeKernels.status()

@@ -1,5 +1,5 @@
 /**
- * Native kernels (src/backend/NativeKernels.ts) against tfjs' stock wasm kernels: same results to 1e-5 relative error
+ * Native kernels (src/native/NativeKernels.ts) against tfjs' stock wasm kernels: same results to 1e-5 relative error
  * on random shapes, every transpose and batch-broadcast case, forward and gradients; no leaked tensors or native
  * memory over many steps. Skipped, with the reason, when the addon did not build on this machine.
  */
@@ -7,10 +7,10 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import "@tensorflow/tfjs-backend-wasm"
 import * as MissingKernels from "../../src/backend/MissingKernels.ts"
-import * as NativeKernels from "../../src/backend/NativeKernels.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as NativeKernels from "../../src/native/NativeKernels.ts"
 import { randomTensor, rng } from "../fixtures/Random.ts"
 
 const native = NativeKernels.status()
