@@ -10,7 +10,7 @@
  */
 import { Template } from "@huggingface/jinja"
 import type { Message } from "../domain/Message.ts"
-import { ChatTemplatePrefixError, TokenizerError, type TokenizerImpl } from "./Tokenizer.ts"
+import { ChatTemplatePrefixError, TokenizerError } from "./TokenizerErrors.ts"
 
 /** One tool in the OpenAI `tools` form, which is what chat templates render into the system prompt. */
 export interface ToolDefinition {
@@ -111,6 +111,18 @@ const parseArguments = (text: string): unknown => {
   }
 }
 
+/** What `continuation` reads of a tokenizer (Tokenizer.ts's `TokenizerImpl` has it all). */
+export interface TemplateTokenizer {
+  /** every end-of-turn / end-of-text id */
+  readonly eosIds: ReadonlyArray<number>
+  /** the tokens added on top of the base vocabulary: where a tokenizer always splits */
+  readonly addedTokens: ReadonlyArray<{ readonly content: string }>
+  readonly encode: (text: string) => Array<number>
+  readonly idToToken: (id: number) => string | undefined
+  /** @throws TokenizerError */
+  readonly applyChatTemplate: (messages: ReadonlyArray<Message>, options: ChatTemplateOptions) => string
+}
+
 export interface ContinuationOptions {
   /**
    * What to do when the template renders the history differently once new messages follow. `fail` (default):
@@ -143,7 +155,7 @@ export interface ContinuationOptions {
  * @throws ChatTemplatePrefixError, TokenizerError
  */
 export const continuation = (
-  tokenizer: TokenizerImpl,
+  tokenizer: TemplateTokenizer,
   history: ReadonlyArray<Message>,
   messages: ReadonlyArray<Message>,
   options: ChatTemplateOptions,

@@ -10,35 +10,13 @@
  * Implementations: ByteTokenizer.ts (one id per UTF-8 byte, for the tiny models we train), HfTokenizer.ts
  * (tokenizer.json through @huggingface/tokenizers). AutoTokenizer.ts loads either from a checkpoint directory.
  */
-import { Context, Effect, Layer, Schema } from "effect"
+import { Context, Effect, Layer } from "effect"
 import type { Message } from "../domain/Message.ts"
-// ChatTemplate.ts imports this file's errors; both sides use the other only inside functions, so the cycle is benign.
 import * as ChatTemplate from "./ChatTemplate.ts"
+import { ChatTemplatePrefixError, TokenizerError } from "./TokenizerErrors.ts"
 
-/** Loading or rendering failed. `path` is the file (or directory) involved, when there is one. */
-export class TokenizerError extends Schema.TaggedError<TokenizerError>()("TokenizerError", {
-  reason: Schema.Literals(["NotFound", "BadFile", "Unsupported", "Template"]),
-  path: Schema.optionalKey(Schema.String),
-  message: Schema.String,
-  cause: Schema.optional(Schema.Defect())
-}) {}
-
-/**
- * The incremental chat-template path (`ChatTemplate.continuation`) cannot append tokens to an already-rendered
- * conversation token-exactly. The caller falls back to step-wise mode (re-render the whole conversation).
- * - `HistoryRewritten`: rendering [history + new] does not start with rendering [history]: the template renders an
- *   earlier turn differently once more turns follow (Qwen3 drops or adds `<think>` blocks, for example).
- * - `NoEndOfTurn`: the rendered history does not end with an end-of-turn (eos) token and whitespace, so the place
- *   where the policy's sampled ids stopped cannot be found in the rendered text.
- * - `UnsafeBoundary`: the appended text does not start at a special token, so encoding it on its own might merge
- *   differently than encoding the whole conversation.
- */
-export class ChatTemplatePrefixError extends Schema.TaggedError<ChatTemplatePrefixError>()("ChatTemplatePrefixError", {
-  reason: Schema.Literals(["HistoryRewritten", "NoEndOfTurn", "UnsafeBoundary"]),
-  /** character offset in the rendered history where the problem is */
-  offset: Schema.Int,
-  message: Schema.String
-}) {}
+// the service's errors, defined below ChatTemplate.ts (which throws them) so that neither module imports the other
+export { ChatTemplatePrefixError, TokenizerError } from "./TokenizerErrors.ts"
 
 export interface EncodeOptions {
   /** add the tokenizer's own bos/eos decoration (its post-processor); default false, as chat templates write them */
