@@ -167,9 +167,12 @@ const hermesBlock = (body: string): ReadonlyArray<Attempt> => {
 }
 
 const readJson = (text: string): Found => {
-  const whole = parseJson(stripFence(text.trim()))
+  const body = stripFence(text.trim())
+  // A body whose first bracket does not close at its end cannot parse; JSON.parse is slow on deep nesting ("[[[[…")
+  const unclosed = (body.startsWith("{") || body.startsWith("[")) && scanJson(body, 0) !== body.length
+  const whole = unclosed ? undefined : parseJson(body)
   // A turn that is nothing but `{"name": "x"}` is a call without arguments; inside prose that is just data.
-  const attempts = whole.ok ? callsIn(whole.value, true) : jsonAttempts(text, bracketTree(text), 0)
+  const attempts = whole?.ok === true ? callsIn(whole.value, true) : jsonAttempts(text, bracketTree(text), 0)
   return gather(attempts.map((a, i) => at(`tool call ${i + 1}`, a)))
 }
 
@@ -261,10 +264,59 @@ const readQwenCoder = (body: string): Attempt => {
   const name = head?.[1]?.trim() ?? ""
   if (name === "") return "missing function name"
   const args: Arguments = {}
-  for (const m of body.matchAll(/<parameter=([^>\s]+)>([\s\S]*?)(?:<\/parameter>|(?=<parameter=)|<\/function>|$)/g)) {
-    args[m[1]!] = scalar(m[2]!.replace(/^\n/, "").replace(/\n$/, ""))
-  }
+  for (const [key, value] of parameters(body)) args[key] = scalar(value.replace(/^\n/, "").replace(/\n$/, ""))
   return { name, arguments: args }
+}
+
+/**
+ * The `<parameter=k>v` pairs of a Qwen3-Coder body, in order. `k` runs to the first `>` (a key that meets whitespace
+ * first is not one); `v` ends at the first `</parameter>`, `<parameter=`, `</function>` or the end of the body. One
+ * forward pass: each marker and each key's end is searched for once, so a body of 100k unclosed `<parameter=` is
+ * linear (a regex rescanning from every `<parameter=` took 17 s on 256 KiB).
+ */
+const parameters = (body: string): Array<readonly [string, string]> => {
+  const open = "<parameter="
+  const nextOpen = nextIndex(body, open)
+  const nextClose = nextIndex(body, "</parameter>")
+  const nextEnd = nextIndex(body, "</function>")
+  const keyEnd = /[>\s]/g
+  let stop = -1 // the first `>` or whitespace at or after the last key's start (body.length: none)
+  const out: Array<readonly [string, string]> = []
+  let at = 0
+  for (let start = nextOpen(at); start !== -1; start = nextOpen(at)) {
+    const keyStart = start + open.length
+    if (stop < keyStart) {
+      keyEnd.lastIndex = keyStart
+      stop = keyEnd.exec(body)?.index ?? body.length
+    }
+    if (stop === keyStart || body[stop] !== ">") {
+      at = start + 1
+      continue
+    }
+    const valueStart = stop + 1
+    const ends = [nextClose(valueStart), nextOpen(valueStart), nextEnd(valueStart)].filter((i) => i !== -1)
+    const valueEnd = ends.length === 0 ? body.length : Math.min(...ends)
+    out.push([body.slice(keyStart, stop), body.slice(valueStart, valueEnd)])
+    // a closing tag is consumed; a following `<parameter=` starts the next pair
+    at = body.startsWith("</parameter>", valueEnd)
+      ? valueEnd + "</parameter>".length
+      : body.startsWith("</function>", valueEnd)
+        ? valueEnd + "</function>".length
+        : valueEnd
+  }
+  return out
+}
+
+/**
+ * `from => text.indexOf(needle, from)` for non-decreasing `from`: the last hit is reused until `from` passes it, so a
+ * whole forward pass searches the text once.
+ */
+const nextIndex = (text: string, needle: string): ((from: number) => number) => {
+  let found = -2 // -2: not searched yet; -1: none left
+  return (from) => {
+    if (found !== -1 && found < from) found = text.indexOf(needle, from)
+    return found
+  }
 }
 
 /** `<k>v</k>` children as fields; values are JSON when they parse (`<a>2</a>` is 2), else the trimmed text. */
@@ -346,28 +398,41 @@ const scanJson = (text: string, start: number): number => {
 interface Span {
   readonly start: number
   end: number
+  closed: boolean
   readonly children: Array<Span>
 }
 
 /**
- * Every bracketed region of the text, nested, in one pass. Quotes open strings only inside brackets (JSON has no
- * strings outside), so apostrophes and quotes in prose do not hide the calls after them.
+ * The bracketed regions of the text down to `maxProseDepth` (the deepest `jsonAttempts` reads), nested, in one pass.
+ * Quotes open strings only inside brackets (JSON has no strings outside), so apostrophes and quotes in prose do not
+ * hide the calls after them. Deeper brackets are only counted: a turn of a million `[` makes five spans, not a million.
  */
 const bracketTree = (text: string): Array<Span> => {
   const roots: Array<Span> = []
-  const stack: Array<Span> = []
+  const stack: Array<Span> = [] // the open spans down to maxProseDepth
+  let depth = 0 // brackets open at i
   let inString = false
   for (let i = 0; i < text.length; i++) {
     const c = text[i]
     if (inString) {
       if (c === "\\") i++
       else if (c === '"') inString = false
-    } else if (c === '"') inString = stack.length > 0
+    } else if (c === '"') inString = depth > 0
     else if (c === "{" || c === "[") {
-      const span: Span = { start: i, end: text.length, children: [] }
-      ;(stack.at(-1)?.children ?? roots).push(span)
-      stack.push(span)
-    } else if ((c === "}" || c === "]") && stack.length > 0) stack.pop()!.end = i + 1
+      if (depth <= maxProseDepth) {
+        const span: Span = { start: i, end: text.length, closed: false, children: [] }
+        ;(stack.at(-1)?.children ?? roots).push(span)
+        stack.push(span)
+      }
+      depth++
+    } else if ((c === "}" || c === "]") && depth > 0) {
+      depth--
+      if (depth <= maxProseDepth) {
+        const span = stack.pop()!
+        span.end = i + 1
+        span.closed = true
+      }
+    }
   }
   return roots
 }
@@ -383,10 +448,14 @@ const maxProseDepth = 4
 const jsonAttempts = (text: string, spans: ReadonlyArray<Span>, depth: number): Array<Attempt> =>
   spans.flatMap((span) => {
     const source = text.slice(span.start, span.end)
-    const value = parseJson(source)
-    if (value.ok) return callsIn(value.value, false)
+    // A region that never closes cannot parse (JSON.parse would fail where the bracket count does): its message is
+    // computed only if it is shown, so "[[[[…" is parsed once, not once per level.
+    const value = span.closed ? parseJson(source) : undefined
+    if (value?.ok === true) return callsIn(value.value, false)
     const inner = depth < maxProseDepth ? jsonAttempts(text, span.children, depth + 1) : []
-    return inner.length === 0 && /"name"\s*:/.test(source) ? [`invalid JSON: ${value.error}`] : inner
+    if (inner.length > 0 || !/"name"\s*:/.test(source)) return inner
+    const failed = value ?? parseJson(source)
+    return failed.ok ? callsIn(failed.value, false) : [`invalid JSON: ${failed.error}`]
   })
 
 /** Bodies of `<tag>…</tag>`; the last one may lack its closing tag. */
@@ -419,7 +488,19 @@ const tagContent = (text: string, tag: string): string | undefined => {
 
 const stripThinking = (text: string): string => {
   if (!text.includes("think>")) return text // neither <think> nor </think>
-  let out = text.replace(/<think>[\s\S]*?<\/think>/g, "")
+  // Each `<think>` closes at the first `</think>` after it, left to right (what /<think>[\s\S]*?<\/think>/g removes).
+  // Once one `<think>` finds no `</think>`, no later one can: stop there. The regex instead rescanned to the end from
+  // every unclosed `<think>`, which took 3.5 s on 256 KiB of them.
+  const kept: Array<string> = []
+  let from = 0
+  for (let think = text.indexOf("<think>"); think !== -1; think = text.indexOf("<think>", from)) {
+    const close = text.indexOf("</think>", think + "<think>".length)
+    if (close === -1) break
+    kept.push(text.slice(from, think))
+    from = close + "</think>".length
+  }
+  kept.push(text.slice(from))
+  let out = kept.join("")
   const lone = out.indexOf("</think>")
   if (lone !== -1) out = out.slice(lone + "</think>".length) // `<think>` was part of the prompt
   const open = out.indexOf("<think>")

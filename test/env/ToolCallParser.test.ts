@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit } from "effect"
 import * as ToolCallParser from "../../src/env/ToolCallParser.ts"
+import * as Prng from "../../src/model/Prng.ts"
 
 const { parse } = ToolCallParser
 
@@ -278,6 +279,86 @@ describe("ToolCallParser.parse (degenerate turns)", () => {
     const xml = `<tool><name>x</name><arguments>${"<a>".repeat(20_000)}`
     assert.strictEqual(parse(xml).error, "<tool> 1: x: <a> is not closed")
     assert.isBelow(performance.now() - started, 2_000)
+  })
+})
+
+describe("ToolCallParser.parse (adversarial turns grow linearly)", () => {
+  const fill = (unit: string, n: number) => unit.repeat(Math.ceil(n / unit.length)).slice(0, n)
+  /** The fastest of three parses, ms: the least disturbed by the machine's other load. */
+  const fastest = (text: string) => {
+    let best = Infinity
+    for (let i = 0; i < 3; i++) {
+      const start = performance.now()
+      parse(text)
+      best = Math.min(best, performance.now() - start)
+    }
+    return best
+  }
+  // 4× the text may take at most 10× the time (linear: 4×; quadratic: 16×), plus 20 ms of slack for small timings.
+  // Quadratic code took, 32 KiB → 128 KiB: <think> 70 ms → 1.1 s, <parameter= 140 ms → 4.3 s.
+  const shapes: Record<string, (n: number) => string> = {
+    "repeated <think>": (n) => fill("<think>", n),
+    "a Qwen3-Coder body of unclosed <parameter=": (n) => `<tool_call><function=f>${fill("<parameter=", n)}`,
+    "deep [[[[": (n) => fill("[", n),
+    'deep {"a":{"a":': (n) => fill('{"a":', n),
+    "one unclosed <tool_call>": (n) => `<tool_call>{"name": "f", "arguments": {"q": "${fill("x", n)}`
+  }
+  for (const [name, make] of Object.entries(shapes)) {
+    it(`reads ${name} in time linear in its length`, () => {
+      const n = 32 * 1024
+      const small = make(n)
+      const large = make(4 * n)
+      fastest(small) // warm-up
+      const t1 = fastest(small)
+      const t4 = fastest(large)
+      assert.isBelow(t4, 10 * t1 + 20, `${name}: ${t1.toFixed(1)} ms at 32 KiB, ${t4.toFixed(1)} ms at 128 KiB`)
+    })
+  }
+})
+
+describe("ToolCallParser.parse (agrees with the regex definitions it replaces)", () => {
+  /** `count` strings of 1-40 units drawn with a seeded PRNG. */
+  const soups = (units: ReadonlyArray<string>, count: number, seed: number) => {
+    const prng = Prng.make(seed)
+    const pick = () => units[Math.floor(prng.next() * units.length)]!
+    return Array.from({ length: count }, () => Array.from({ length: 1 + Math.floor(prng.next() * 40) }, pick).join(""))
+  }
+
+  it("strips each <think> to the first </think> after it, then before a lone </think> and from a cut-off <think>", () => {
+    const strip = (text: string) => {
+      let out = text.replace(/<think>[\s\S]*?<\/think>/g, "")
+      const lone = out.indexOf("</think>")
+      if (lone !== -1) out = out.slice(lone + "</think>".length)
+      const open = out.indexOf("<think>")
+      return open === -1 ? out : out.slice(0, open)
+    }
+    // no tool-call markers: the answer is the text left once thinking is removed, trimmed
+    for (const text of soups(["<think>", "</think>", "<think", "think>", "a", "b", " ", "\n"], 5_000, 1)) {
+      assert.strictEqual(parse(text).finalAnswer, strip(text).trim(), JSON.stringify(text))
+    }
+  })
+
+  it("reads Qwen3-Coder <parameter=k>v up to </parameter>, the next <parameter=, </function> or the end", () => {
+    const parameters = (body: string) => {
+      const args: Record<string, unknown> = {}
+      for (const m of body.matchAll(
+        /<parameter=([^>\s]+)>([\s\S]*?)(?:<\/parameter>|(?=<parameter=)|<\/function>|$)/g
+      )) {
+        const value = m[2]!.replace(/^\n/, "").replace(/\n$/, "")
+        let parsed: unknown = value
+        try {
+          parsed = JSON.parse(value)
+        } catch {}
+        args[m[1]!] = parsed
+      }
+      return args
+    }
+    const units = ["<parameter=", "a", "b", ">", " ", "\n", "</parameter>", "</function>", "1", '"', "<", "="]
+    for (const rest of soups(units, 5_000, 2)) {
+      const body = `<function=f>${rest}`
+      const calls = parse(`<tool_call>${body}`).calls
+      assert.deepStrictEqual(calls[0]?.arguments, parameters(body.trim()), JSON.stringify(body))
+    }
   })
 })
 
