@@ -3,7 +3,7 @@
  * 17 MB in F32), each way a trainer can publish a version, measured from `publish` to "the engine has it":
  * - `snapshot`: Snapshot.fromModel (reading the trainer's variables; every copying sync starts with it, not included
  *   in the rows below),
- * - `http`: HttpWeightSync → `serve`'s routes on loopback in this process (safetensors encode, 8 MiB chunks, decode,
+ * - `http`: WeightUpload.upload (what HttpWeightSync sends) → `serve`'s routes on loopback in this process (safetensors encode, 8 MiB chunks, decode,
  *   load into the serving LocalEngine's variables),
  * - `file`: FileWeightSync write (safetensors + fsync + renames), and `fileToEngine` until a watching LocalEngine
  *   (5 ms polling) reports the version,
@@ -26,11 +26,11 @@ import * as PolicyVersion from "../src/domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../src/domain/WeightSnapshot.ts"
 import * as LocalEngine from "../src/inference/LocalEngine.ts"
 import * as OpenAiServer from "../src/inference/OpenAiServer.ts"
+import * as WeightUpload from "../src/inference/WeightUpload.ts"
 import * as WorkerEngine from "../src/inference/WorkerEngine.ts"
 import * as Snapshot from "../src/model/Snapshot.ts"
 import * as Transformer from "../src/model/Transformer.ts"
 import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
-import * as HttpWeightSync from "../src/sync/HttpWeightSync.ts"
 import * as WorkerWeightSync from "../src/sync/WorkerWeightSync.ts"
 import * as ByteTokenizer from "../src/tokenizer/ByteTokenizer.ts"
 import * as Harness from "./harness.ts"
@@ -78,12 +78,12 @@ const program = (iters: number) =>
         }).pipe(Layer.provideMerge(NodeHttpServer.layer(createServer, { port: 0, host: "127.0.0.1" })))
       )
       const url = HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
-      const timings: Array<HttpWeightSync.SyncTiming> = []
+      const timings: Array<WeightUpload.Timing> = []
       // the snapshot is read before the clock starts (the `snapshot` row times it)
       const http = yield* Effect.forEach(versions, (v) =>
         Effect.flatMap(snapshotAt(v), (s) =>
           seconds(
-            HttpWeightSync.upload({ url, token: "bench" }, s).pipe(
+            WeightUpload.upload({ url, token: "bench" }, s).pipe(
               Effect.tap((t) => Effect.sync(() => timings.push(t))),
               Effect.provide(FetchHttpClient.layer)
             )

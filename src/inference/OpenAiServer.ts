@@ -30,10 +30,10 @@ import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as ToolCallParser from "../env/ToolCallParser.ts"
 import * as Safetensors from "../model/Safetensors.ts"
-import * as WeightUpload from "../sync/WeightUpload.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import type { GenerateRequest, GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import * as WeightUpload from "./WeightUpload.ts"
 
 export interface ServerOptions {
   readonly engine: InferenceEngine["Service"]

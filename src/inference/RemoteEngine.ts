@@ -17,7 +17,7 @@
  * server paused with mode abort while the trainer syncs weights) is resumed as SkyRL does: the request is sent
  * again with the tokens so far appended to the prompt and the remaining budget, and the parts are joined.
  *
- * Weights: with a `weightToken`, `updateWeights` uploads the snapshot to `/v1/weights` (sync/HttpWeightSync.ts); a
+ * Weights: with a `weightToken`, `updateWeights` uploads the snapshot to `/v1/weights` (WeightUpload.ts); a
  * tensor-less snapshot — or any snapshot when no token is configured, i.e. the server manages its own weights
  * (vLLM with its own weight transfer) — only advances the version this engine reports.
  * `pause`/`resume` hold new calls on the client side (calls in flight finish on the server).
@@ -31,8 +31,8 @@ import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
-import * as HttpWeightSync from "../sync/HttpWeightSync.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import * as WeightUpload from "./WeightUpload.ts"
 
 export interface RemoteEngineOptions {
   /** Base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted). */
@@ -145,7 +145,7 @@ const servedModel = (client: HttpClient.HttpClient, base: string, apiKey: string
 
 export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   const client = yield* HttpClient.HttpClient
-  const base = HttpWeightSync.baseUrl(options.url)
+  const base = WeightUpload.baseUrl(options.url)
   const timeout = Duration.fromInputUnsafe(options.timeout ?? Duration.minutes(10))
   const maxResumes = options.maxResumes ?? 8
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
@@ -238,7 +238,7 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       )
     }
     if (snapshot.names.length > 0 && options.weightToken !== undefined) {
-      yield* HttpWeightSync.upload(
+      yield* WeightUpload.upload(
         {
           url: base,
           token: options.weightToken,

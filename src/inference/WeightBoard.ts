@@ -1,21 +1,13 @@
 /**
- * Weight sync to a WorkerEngine (inference in a worker thread of this process) through shared memory.
- *
- * The `Board`: one SharedArrayBuffer per weight tensor (HF names and shapes, F32), allocated once when the engine
- * starts and handed to the worker once. Publishing a version copies the trainer's weights into the board and posts
- * only the version number (and which tensors changed); the worker copies them out into its own tfjs variables
- * between two decode steps and acknowledges. The board is never written while the worker reads it: a publish waits
- * for the worker's acknowledgement, and publishes are serialised. So no per-step copy of the model goes through
- * postMessage (which would structured-clone every array), and the trainer never shares live tensors.
- *
- * The WeightSync service here hands each published snapshot to the engine in context (`updateWeights`), which for a
- * WorkerEngine is the board write above; each sync's wall time goes to `onSynced` and the debug log.
+ * WorkerEngine's weight board: one SharedArrayBuffer per weight tensor (HF names and shapes, F32), allocated once when
+ * the engine starts and handed to the worker once. WorkerEngine.ts writes each new version into it (`write`) and posts
+ * only the version number and which tensors changed; the worker (worker/engine-worker.ts) copies them out into its own
+ * tfjs variables between two decode steps (`read`) and acknowledges. The board is never written while the worker reads
+ * it: an update waits for the worker's acknowledgement, and updates are serialised. So no per-step copy of the model
+ * goes through postMessage (which would structured-clone every array), and the trainer never shares live tensors.
  */
-import { Clock, Effect, Layer } from "effect"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
-import { InferenceEngine } from "../inference/InferenceEngine.ts"
-import { WeightSync, WeightSyncError } from "./WeightSync.ts"
 
 /** What crosses to the worker once: plain data and shared buffers (structured-clonable, buffers shared not copied). */
 export interface Board {
@@ -74,27 +66,3 @@ export const read = (
       return shared(board.names[i]!) ? view : view.slice()
     })
   })
-
-export interface WorkerWeightSyncOptions {
-  readonly onSynced?: (timing: { readonly version: number; readonly seconds: number }) => void
-}
-
-export const make = Effect.fnUntraced(function* (options: WorkerWeightSyncOptions = {}) {
-  const engine = yield* InferenceEngine
-  return WeightSync.of({
-    kind: "worker",
-    publish: Effect.fn("WorkerWeightSync.publish")(function* (update) {
-      const startedAt = yield* Clock.currentTimeMillis
-      const snapshot = yield* update.snapshot
-      yield* engine
-        .updateWeights(snapshot)
-        .pipe(Effect.mapError((e) => new WeightSyncError({ target: "worker engine", message: e.message })))
-      const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
-      options.onSynced?.({ version: snapshot.version, seconds })
-      yield* Effect.logDebug(`weight sync v${snapshot.version} to the worker in ${seconds}s`)
-    })
-  })
-})
-
-export const layer = (options: WorkerWeightSyncOptions = {}): Layer.Layer<WeightSync, never, InferenceEngine> =>
-  Layer.effect(WeightSync, make(options))

@@ -1,7 +1,8 @@
 /**
- * The chunked weight-upload protocol of `POST /v1/weights` (inference/OpenAiServer.ts serves it,
- * sync/HttpWeightSync.ts sends it). A snapshot travels as one safetensors file (HF names and shapes, F32) cut into
- * chunks of at most `chunkBytes`, each a binary POST body with these headers:
+ * The chunked weight-upload protocol of `POST /v1/weights`, both ends: OpenAiServer.ts receives it (`readHeaders`,
+ * `assembler`); `upload` sends it, for RemoteEngine.ts (`updateWeights` with a weight token) and
+ * sync/HttpWeightSync.ts. A snapshot travels as one safetensors file (HF names and shapes, F32) cut into chunks of at
+ * most `chunkBytes`, each a binary POST body with these headers:
  *
  *   Authorization: Bearer <token>
  *   X-Weights-Version: <policy version>       X-Upload-Id: <id, the same for every chunk of one upload>
@@ -11,7 +12,10 @@
  * the weights when the last one arrives. An empty file (X-Total-Bytes: 0, one empty chunk) advances the version
  * only. Chunking bounds each request's size (proxies, body limits) and lets a failed chunk be retried alone.
  */
-import { Effect } from "effect"
+import { Clock, Effect, Random, Schema } from "effect"
+import { HttpClient, HttpClientRequest } from "effect/http"
+import type * as WeightSnapshot from "../domain/WeightSnapshot.ts"
+import * as Safetensors from "../model/Safetensors.ts"
 
 export const headerNames = {
   version: "x-weights-version",
@@ -83,6 +87,85 @@ export const chunks = (
     out.push({ offset: at, bytes: bytes.subarray(at, at + chunkBytes) })
   return out
 }
+
+/** `http://host:port[/v1][/]` → `http://host:port`. */
+export const baseUrl = (url: string): string => url.replace(/\/+$/, "").replace(/\/v1$/, "")
+
+/** The safetensors file a snapshot travels as (an empty file for a version-only snapshot). */
+export const encode = (snapshot: WeightSnapshot.WeightSnapshot): Uint8Array =>
+  snapshot.names.length === 0
+    ? new Uint8Array(0)
+    : Safetensors.encode(
+        snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! })),
+        "F32"
+      )
+
+export interface UploadOptions {
+  /** The server's base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted). */
+  readonly url: string
+  /** The server's weight token (`serve --token-env`). */
+  readonly token: string
+  /** Bytes per request; default 8 MiB. */
+  readonly chunkBytes?: number
+}
+
+/** What one upload moved and how long it took. */
+export interface Timing {
+  readonly version: number
+  readonly bytes: number
+  readonly chunks: number
+  readonly seconds: number
+}
+
+/** An upload the server refused, or one that did not reach it; `url` is the weights endpoint. */
+export class WeightUploadError extends Schema.TaggedError<WeightUploadError>()("WeightUploadError", {
+  url: Schema.String,
+  message: Schema.String
+}) {}
+
+/**
+ * Upload one snapshot to `url`'s `/v1/weights`, chunk by chunk (each retried on transport failure). Fails with the
+ * server's message on 401 (token), 409 (older version), 413 (too large) and the like.
+ */
+export const upload = Effect.fnUntraced(function* (options: UploadOptions, snapshot: WeightSnapshot.WeightSnapshot) {
+  const client = yield* HttpClient.HttpClient
+  const url = `${baseUrl(options.url)}/v1/weights`
+  const startedAt = yield* Clock.currentTimeMillis
+  const file = encode(snapshot)
+  const parts = chunks(file, options.chunkBytes ?? 8 * 1024 * 1024)
+  const uploadId = `${snapshot.version}-${startedAt}-${(yield* Random.nextInt).toString(36)}`
+  for (const [chunkIndex, part] of parts.entries()) {
+    const request = HttpClientRequest.post(url).pipe(
+      HttpClientRequest.bearerToken(options.token),
+      HttpClientRequest.setHeaders(
+        toHeaders({
+          version: snapshot.version,
+          uploadId,
+          chunkIndex,
+          chunkCount: parts.length,
+          chunkOffset: part.offset,
+          totalBytes: file.byteLength
+        })
+      ),
+      HttpClientRequest.bodyUint8Array(part.bytes, "application/octet-stream")
+    )
+    const response = yield* client.execute(request).pipe(
+      Effect.retry({ times: 3, while: (e) => e.reason._tag === "TransportError" }),
+      Effect.mapError(
+        (e) => new WeightUploadError({ url, message: `chunk ${chunkIndex + 1}/${parts.length}: ${e.message}` })
+      )
+    )
+    if (response.status !== 200) {
+      const body = yield* response.text.pipe(Effect.orElseSucceed(() => ""))
+      return yield* new WeightUploadError({
+        url,
+        message: `chunk ${chunkIndex + 1}/${parts.length}: HTTP ${response.status} ${body}`
+      })
+    }
+  }
+  const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
+  return { version: snapshot.version, bytes: file.byteLength, chunks: parts.length, seconds } satisfies Timing
+})
 
 export interface Received {
   /** chunks of the current upload received so far */

@@ -5,7 +5,7 @@
  * runs from src/ under Node's type stripping and from the compiled dist/).
  *
  * What crosses: generate requests and results (token ids, log-probs, versions) by postMessage; weights never do.
- * They live on a shared board (sync/WorkerWeightSync.ts: one SharedArrayBuffer per tensor, allocated once);
+ * They live on a shared board (WeightBoard.ts: one SharedArrayBuffer per tensor, allocated once);
  * `updateWeights` copies a snapshot into it, posts the version and the changed tensor indices, and returns when the
  * worker has copied them into its variables — between two decode steps, so requests in flight continue on the new
  * weights and report both versions (policyVersionFirst/Last).
@@ -27,9 +27,9 @@ import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import type * as Transformer from "../model/Transformer.ts"
-import * as WorkerWeightSync from "../sync/WorkerWeightSync.ts"
 import type { HfFiles, TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import * as WeightBoard from "./WeightBoard.ts"
 
 export type PauseMode = "abort" | "keep" | "wait"
 
@@ -53,7 +53,7 @@ export interface WorkerEngineOptions {
 
 export interface WorkerInit {
   readonly config: TransformerConfig
-  readonly board: WorkerWeightSync.Board
+  readonly board: WeightBoard.Board
   readonly initialVersion: number
   readonly backend: BackendConfig
   readonly maxBatch: number
@@ -99,7 +99,7 @@ export const workerUrl = (): URL => {
 export const make = Effect.fnUntraced(function* (options: WorkerEngineOptions) {
   const pauseMode = options.pauseMode ?? "keep"
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
-  const board = WorkerWeightSync.allocate(yield* Effect.promise(() => Snapshot.fromModel(options.model, version)))
+  const board = WeightBoard.allocate(yield* Effect.promise(() => Snapshot.fromModel(options.model, version)))
   const init: WorkerInit = {
     config: options.model.config,
     board,
@@ -223,7 +223,7 @@ export const make = Effect.fnUntraced(function* (options: WorkerEngineOptions) {
           )
         }
         const tensors = yield* Effect.try({
-          try: () => WorkerWeightSync.write(board, snapshot),
+          try: () => WeightBoard.write(board, snapshot),
           catch: (cause) =>
             new InferenceError({
               engine: engineName,

@@ -12,6 +12,7 @@ import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import { InferenceEngine, type SamplingParams } from "../../src/inference/InferenceEngine.ts"
 import * as OpenAiServer from "../../src/inference/OpenAiServer.ts"
 import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
+import * as WeightUpload from "../../src/inference/WeightUpload.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
@@ -128,7 +129,7 @@ describe("serve + RemoteEngine", () => {
         const other = Transformer.init(config, 12, 0.3)
         const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(1)))
         Transformer.dispose(other)
-        const timings: Array<HttpWeightSync.SyncTiming> = []
+        const timings: Array<WeightUpload.Timing> = []
         yield* HttpWeightSync.make({ url, token, chunkBytes: 4096, onSynced: (t) => timings.push(t) }).pipe(
           Effect.flatMap((s) => s.publish({ version: PolicyVersion.make(1), snapshot: Effect.succeed(snapshot) })),
           Effect.provide(FetchHttpClient.layer)
@@ -159,7 +160,7 @@ describe("serve + RemoteEngine", () => {
         const other = Transformer.init(config, 12, 0.3)
         const snapshot = yield* Effect.promise(() => Snapshot.fromModel(other, PolicyVersion.make(3)))
         Transformer.dispose(other)
-        const wrong = yield* HttpWeightSync.upload({ url, token: "wrong" }, snapshot).pipe(
+        const wrong = yield* WeightUpload.upload({ url, token: "wrong" }, snapshot).pipe(
           Effect.provide(FetchHttpClient.layer),
           Effect.flip
         )

@@ -10,10 +10,10 @@ import * as TensorBackend from "../../backend/TensorBackend.ts"
 import { InferenceError } from "../../domain/Errors.ts"
 import * as PolicyVersion from "../../domain/PolicyVersion.ts"
 import * as Transformer from "../../model/Transformer.ts"
-import * as WorkerWeightSync from "../../sync/WorkerWeightSync.ts"
 import * as ByteTokenizer from "../../tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../tokenizer/HfTokenizer.ts"
 import * as LocalEngine from "../LocalEngine.ts"
+import * as WeightBoard from "../WeightBoard.ts"
 import type { FromWorker, ToWorker, WorkerInit } from "../WorkerEngine.ts"
 
 const port = parentPort!
@@ -36,7 +36,7 @@ const toError = (e: unknown) =>
 const program = Effect.gen(function* () {
   yield* TensorBackend.initialise(init.backend)
   const board = init.board
-  const initial = WorkerWeightSync.read(
+  const initial = WeightBoard.read(
     board,
     init.initialVersion,
     board.names.map((_, i) => i)
@@ -93,7 +93,7 @@ const program = Effect.gen(function* () {
         return Effect.suspend(() =>
           // transposed weights are copied by the load itself (while the main thread waits for our ack): view those;
           // the others may be kept by reference by a tfjs backend (cpu), so they must be private copies
-          engine.updateWeights(WorkerWeightSync.read(board, message.version, message.tensors, Transformer.isTransposed))
+          engine.updateWeights(WeightBoard.read(board, message.version, message.tensors, Transformer.isTransposed))
         ).pipe(
           Effect.match({
             onFailure: (e) => post({ type: "ack", id: message.id, error: toError(e) }),
