@@ -3,12 +3,12 @@
  * 17 MB in F32), each way a trainer can publish a version, measured from `publish` to "the engine has it":
  * - `snapshot`: Snapshot.fromModel (reading the trainer's variables; every copying sync starts with it, not included
  *   in the rows below),
- * - `http`: WeightUpload.upload (what HttpWeightSync sends) → `serve`'s routes on loopback in this process (safetensors encode, 8 MiB chunks, decode,
- *   load into the serving LocalEngine's variables),
+ * - `http`: WeightUpload.upload (what HttpWeightSync sends) → `serve`'s routes on loopback in this process
+ *   (safetensors encode, 8 MiB chunks, decode, load into the serving LocalEngine's variables),
  * - `file`: FileWeightSync write (safetensors + fsync + renames), and `fileToEngine` until a watching LocalEngine
  *   (5 ms polling) reports the version,
- * - `worker`: WorkerWeightSync → WorkerEngine (copy into the SharedArrayBuffer board, post the version, worker copies
- *   into its variables, ack).
+ * - `worker`: EngineWeightSync (copied) → WorkerEngine (copy into the SharedArrayBuffer board, post the version,
+ *   worker copies into its variables, ack).
  * Medians over `--iters` versions (default 10). wasm backend, stock kernels. Last stdout line: the JSON result, also
  * written to bench/results/weight-sync.json.
  *
@@ -30,8 +30,8 @@ import * as WeightUpload from "../src/inference/WeightUpload.ts"
 import * as WorkerEngine from "../src/inference/WorkerEngine.ts"
 import * as Snapshot from "../src/model/Snapshot.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as EngineWeightSync from "../src/sync/EngineWeightSync.ts"
 import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
-import * as WorkerWeightSync from "../src/sync/WorkerWeightSync.ts"
 import * as ByteTokenizer from "../src/tokenizer/ByteTokenizer.ts"
 import * as Harness from "./harness.ts"
 
@@ -115,7 +115,7 @@ const program = (iters: number) =>
 
       // worker: the SharedArrayBuffer board
       const worker = yield* Effect.gen(function* () {
-        const sync = yield* WorkerWeightSync.make()
+        const sync = yield* EngineWeightSync.make({ weights: "copied" })
         return yield* Effect.forEach(versions, (v) =>
           seconds(sync.publish({ version: PolicyVersion.make(v), snapshot: snapshotAt(v) }))
         )

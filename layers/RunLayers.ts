@@ -13,6 +13,7 @@ import { NodeServices } from "@effect/platform-node"
 import { Config, Effect, Layer, Option, Redacted, Stream } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
+import * as PipelineConfig from "../src/config/PipelineConfig.ts"
 import type { RunConfig } from "../src/config/RunConfig.ts"
 import { ConfigError } from "../src/domain/Errors.ts"
 import type { ToolCallRecord } from "../src/domain/ToolCall.ts"
@@ -31,10 +32,9 @@ import * as Metrics from "../src/metrics/Metrics.ts"
 import * as TrainingLoop from "../src/pipeline/TrainingLoop.ts"
 import * as Checkpointer from "../src/store/Checkpointer.ts"
 import * as EpisodeLog from "../src/store/EpisodeLog.ts"
+import * as EngineWeightSync from "../src/sync/EngineWeightSync.ts"
 import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
 import * as HttpWeightSync from "../src/sync/HttpWeightSync.ts"
-import * as InProcessWeightSync from "../src/sync/InProcessWeightSync.ts"
-import * as WorkerWeightSync from "../src/sync/WorkerWeightSync.ts"
 import * as AutoTokenizer from "../src/tokenizer/AutoTokenizer.ts"
 import { Tokenizer } from "../src/tokenizer/Tokenizer.ts"
 import * as PolicyModel from "../src/trainer/PolicyModel.ts"
@@ -139,47 +139,36 @@ const secret = (ref: { readonly env: string } | undefined) =>
   ).pipe(Effect.mapError((e) => new ConfigError({ path: "generator.engine", message: e.message })))
 
 /**
- * The weight sync `pipeline.weight_sync` asks for, checked against the engine: `inprocess` (local engine: it samples
- * from the trainer's variables), `worker` (worker engine: SharedArrayBuffer board), `http` (remote engine: upload to
- * `serve`'s /v1/weights with `generator.engine.weight_token`), `file` (versions under RUN_DIR/weights for a
- * `serve --watch`; local or remote engine).
+ * The weight sync `pipeline.weight_sync` asks for, once it fits the engine by PipelineConfig's rule (each engine kind
+ * takes its own sync, or `file` for local and remote): `inprocess` and `worker` hand versions to the engine's own
+ * `updateWeights` (a local engine shares the trainer's variables, a worker engine copies), `http` uploads to `serve`'s
+ * /v1/weights with `generator.engine.weight_token`, `file` writes versions under RUN_DIR/weights for a `serve --watch`.
  */
 const weightSyncOf = (c: RunConfig, runDir: string) =>
   Effect.gen(function* () {
     const e = c.generator.engine
     const sync = c.pipeline.weight_sync
-    const refuse = (message: string) => Effect.fail(new ConfigError({ path: "pipeline.weight_sync", message }))
     if (e.kind === "remote" && e.url === undefined) {
       return yield* Effect.fail(
         new ConfigError({ path: "generator.engine.url", message: "generator.engine.url is required for kind remote" })
       )
     }
-    const fits: Record<typeof sync, ReadonlyArray<typeof e.kind>> = {
-      inprocess: ["local"],
-      worker: ["worker"],
-      http: ["remote"],
-      file: ["local", "remote"]
-    }
-    if (!fits[sync].includes(e.kind)) {
-      return yield* refuse(
-        `pipeline.weight_sync ${sync} does not fit generator.engine.kind ${e.kind} (use ${Object.entries(fits)
-          .filter(([, kinds]) => kinds.includes(e.kind))
-          .map(([name]) => name)
-          .join(" or ")})`
-      )
-    }
+    yield* PipelineConfig.checkWeightSync(sync, e.kind)
     switch (sync) {
       case "inprocess":
-        return InProcessWeightSync.layer
+        return EngineWeightSync.layer({ weights: "shared" })
       case "worker":
-        return WorkerWeightSync.layer()
+        return EngineWeightSync.layer({ weights: "copied" })
       case "file":
         return FileWeightSync.layerFollowing({ dir: `${runDir}/weights` })
       case "http": {
         const token = yield* secret(e.weight_token)
         if (token === undefined) {
-          return yield* refuse(
-            `pipeline.weight_sync http needs generator.engine.weight_token: { env: NAME } naming a set variable (serve --token-env)`
+          return yield* Effect.fail(
+            new ConfigError({
+              path: "pipeline.weight_sync",
+              message: `pipeline.weight_sync http needs generator.engine.weight_token: { env: NAME } naming a set variable (serve --token-env)`
+            })
           )
         }
         return HttpWeightSync.layer({ url: e.url!, token })

@@ -1,12 +1,55 @@
-import { Schema } from "effect"
+import { Effect, Schema } from "effect"
+import { ConfigError } from "../domain/Errors.ts"
 import { NonNegativeInt, PositiveInt, withDefault } from "./Field.ts"
+import type { EngineConfig } from "./GeneratorConfig.ts"
 
 /** sync: generate a batch, train, repeat. async: K generation fibers feed the trainer through a bounded queue. */
 export const PipelineConfig = Schema.Struct({
   mode: Schema.Literals(["sync", "async"]).pipe(withDefault("sync")),
   max_staleness_steps: NonNegativeInt.pipe(withDefault(1)), // a group trains at most this many versions late
   num_generation_workers: PositiveInt.pipe(withDefault(4)), // K
+  // How each version's weights reach the engine. The rule: an engine kind takes its own sync (local: inprocess, the
+  // default; worker: worker; remote: http) or `file`, which only local and remote take (see `weightSyncsFor`).
   weight_sync: Schema.Literals(["inprocess", "worker", "file", "http"]).pipe(withDefault("inprocess")),
   pause_mode: Schema.Literals(["abort", "keep", "wait"]).pipe(withDefault("keep"))
 })
 export type PipelineConfig = typeof PipelineConfig.Type
+
+type WeightSyncName = PipelineConfig["weight_sync"]
+type EngineKind = EngineConfig["kind"]
+
+/**
+ * The sync each engine kind takes weights by itself: `inprocess` (a local engine samples from the trainer's own
+ * variables: only the version moves), `worker` (a worker engine's SharedArrayBuffer board), `http` (upload to a
+ * remote `serve`'s /v1/weights with generator.engine.weight_token).
+ */
+export const ownWeightSync = {
+  local: "inprocess",
+  worker: "worker",
+  remote: "http"
+} as const satisfies Record<EngineKind, WeightSyncName>
+
+/**
+ * The weight syncs an engine kind takes: its own, and `file` (each version written under RUN_DIR/weights, the engine
+ * told only the version) unless it keeps a copy of the weights that files would not reach: a worker engine's copy
+ * lives in its thread, so only local (the trainer's variables) and remote (a `serve --watch` loads the files) take it.
+ */
+export const weightSyncsFor = (kind: EngineKind): ReadonlyArray<WeightSyncName> =>
+  kind === "worker" ? [ownWeightSync[kind]] : [ownWeightSync[kind], "file"]
+
+/** Fails with a ConfigError naming both keys and the valid values when `pipeline.weight_sync` does not fit the engine. */
+export const checkWeightSync = (sync: WeightSyncName, kind: EngineKind): Effect.Effect<void, ConfigError> => {
+  const valid = weightSyncsFor(kind)
+  if (valid.includes(sync)) return Effect.void
+  const rule = Object.entries(ownWeightSync)
+    .map(([k, own]) => `${k}: ${own}`)
+    .join(", ")
+  return Effect.fail(
+    new ConfigError({
+      path: "pipeline.weight_sync",
+      message:
+        `pipeline.weight_sync ${sync} does not fit generator.engine.kind ${kind}: use ${valid.join(" or ")} ` +
+        `(each engine kind takes its own sync, ${rule}; or file, for local and remote)`
+    })
+  )
+}

@@ -1,9 +1,17 @@
 /**
  * Weight sync: the trainer publishes versioned snapshots; engines apply them between decode steps (style.md §15).
- * Implementations: InProcessWeightSync (the engine samples from the trainer's own variables: publishing only moves
- * the version, nothing is copied), WorkerWeightSync (SharedArrayBuffers shared with a WorkerEngine), FileWeightSync
- * (versioned safetensors directories written atomically, for a watching engine) and HttpWeightSync (chunked,
- * authenticated upload to a remote `serve`).
+ * The transports an engine reads live beside it in inference/ (WeightBoard.ts, WeightUpload.ts); sync/ depends on
+ * inference/, never the reverse. Implementations:
+ * - EngineWeightSync: the engine's own `updateWeights`, either `shared` (a local engine samples from the trainer's
+ *   variables: publishing only moves the version, nothing is copied) or `copied` (a worker engine's board).
+ * - HttpWeightSync: chunked, authenticated upload to a remote `serve` (inference/WeightUpload.ts).
+ * - FileWeightSync: versioned safetensors directories written atomically, for a watching engine (`serve --watch`).
+ *
+ * Which one a run uses (layers/RunLayers.ts): `pipeline.weight_sync` must fit `generator.engine.kind`, by one rule —
+ * an engine kind takes its own sync (local: `inprocess`, the default; worker: `worker`; remote: `http`) or `file`,
+ * which only local and remote take (a worker engine's copy of the weights lives in its thread, where files would not
+ * reach it). Anything else is a ConfigError naming both keys and the valid values (config/PipelineConfig.ts,
+ * `checkWeightSync`). `inprocess` and `worker` are both EngineWeightSync (`shared`, `copied`).
  */
 import { Context, type Effect, Schema } from "effect"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"

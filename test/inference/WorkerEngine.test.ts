@@ -9,8 +9,8 @@ import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Snapshot from "../../src/model/Snapshot.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as EngineWeightSync from "../../src/sync/EngineWeightSync.ts"
 import { WeightSync } from "../../src/sync/WeightSync.ts"
-import * as WorkerWeightSync from "../../src/sync/WorkerWeightSync.ts"
 
 const config = ModelConfig.fromInit({
   architecture: "qwen3",
@@ -41,7 +41,7 @@ const withWorker = <A, E>(pauseMode: WorkerEngine.PauseMode, body: Effect.Effect
       yield* TensorBackend.initialise(backend)
       const model = yield* scopedModel(11)
       return yield* body.pipe(
-        Effect.provide(WorkerWeightSync.layer()),
+        Effect.provide(EngineWeightSync.layer({ weights: "copied" })),
         Effect.provide(WorkerEngine.layer({ model, backend, maxBatch: 4, pauseMode }))
       )
     })
