@@ -120,7 +120,7 @@ export const readFile = Effect.fn("RunConfig.readFile")(function* (file: string)
       new ConfigError({
         file,
         path: "",
-        message: `not valid ${file.endsWith(".json") ? "JSON" : "YAML"}: ${String(cause)}`
+        message: `not valid ${file.endsWith(".json") ? "JSON" : "YAML"}: ${cause instanceof Error ? cause.message : String(cause)}`
       })
   })
   if (raw === null || raw === undefined) return {}

@@ -12,15 +12,20 @@
  * last included), `maxGroupsPerStep` groups of each, prompts and responses cut at `maxTokens` tokens, and a total
  * budget of `maxTotalTokens` embedded tokens (fewer steps when exceeded). The page says what was left out.
  *
+ * The run's files are read strictly: a line of metrics.jsonl, episodes.jsonl or consumed.jsonl that does not decode
+ * fails the report naming the file and line, unless it is the torn last line of a crash mid-write (skipped with a
+ * warning); so do a config.yaml that is not YAML and tokenizer files of the latest checkpoint that do not load.
+ *
  * Everything from the run (model output, tool results, config) is data: it goes into the page as JSON inside a
  * `<script type="application/json">` with `<`, `>`, `&` escaped, and the page's script writes it with `textContent`.
  */
 import { createRequire } from "node:module"
 import { Clock, Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
+import { CliError } from "effect/cli"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
-import * as ConsumedLog from "../pipeline/ConsumedLog.ts"
+import * as ConsumedLog from "../store/ConsumedLog.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
@@ -29,8 +34,14 @@ import * as ReportPage from "./report-template/ReportPage.ts"
 
 export class ReportError extends Schema.TaggedError<ReportError>()("ReportError", {
   path: Schema.String,
+  line: Schema.optionalKey(Schema.Int),
   message: Schema.String
-}) {}
+}) {
+  /** `FILE[:LINE]: message`, what the CLI prints. */
+  override get [CliError.userMessage](): string {
+    return `${this.path}${this.line === undefined ? "" : `:${this.line}`}: ${this.message}`
+  }
+}
 
 export interface Options {
   /** where to write; default `<run dir>/report.html` */
@@ -139,17 +150,6 @@ export interface Data {
 // Metrics
 
 type MetricRecord = Readonly<Record<string, unknown>>
-
-const parseJsonl = (text: string): Array<MetricRecord> =>
-  text.split("\n").flatMap((line) => {
-    if (line.trim() === "") return []
-    try {
-      const value: unknown = JSON.parse(line)
-      return typeof value === "object" && value !== null ? [value as MetricRecord] : []
-    } catch {
-      return [] // a torn last line (crash mid-write)
-    }
-  })
 
 const numericEntries = (r: MetricRecord): Array<readonly [string, number]> =>
   Object.entries(r).flatMap(([k, v]) =>
@@ -325,14 +325,102 @@ const readText = (file: string) =>
       .pipe(Effect.mapError((cause) => new ReportError({ path: file, message: `cannot read: ${cause.message}` })))
   })
 
-/** The run's config (config.yaml, as `train` resolved it); undefined when absent or no longer decodable. */
+/**
+ * The records of a JSONL file the run appends to, those `decode` accepts. A bad last line is a crash mid-write:
+ * skipped with a warning; so is the torn start of a line that ends with a whole record (a crash mid-write, then a
+ * resumed run appending to the torn line). A bad line anywhere else fails naming the file and line: the file was
+ * edited or corrupted, and a report of what is left would be silently wrong. An absent file has no records.
+ */
+const readJsonl = <A>(file: string, what: string, decode: (value: unknown) => Option.Option<A>) =>
+  Effect.gen(function* () {
+    const text = yield* readText(file)
+    if (text === undefined) return []
+    const decodeLine = (line: string) => parseJson(line).pipe(Option.flatMap(decode))
+    const lines = text.split("\n")
+    const last = lines.findLastIndex((line) => line.trim() !== "")
+    const records: Array<A> = []
+    for (const [i, line] of lines.entries()) {
+      if (line.trim() === "") continue
+      const record = decodeLine(line)
+      if (Option.isSome(record)) {
+        records.push(record.value)
+        continue
+      }
+      const glued = gluedRecord(line, decodeLine)
+      if (Option.isSome(glued)) {
+        yield* Effect.logWarning(
+          `${file}:${i + 1}: skipping a torn record (${glued.value.at} bytes; a crash mid-write) that a resumed run appended to`
+        )
+        records.push(glued.value.record)
+      } else if (i === last) {
+        yield* Effect.logWarning(`${file}:${i + 1}: skipping torn last line (${line.length} bytes; a crash mid-write)`)
+      } else {
+        return yield* new ReportError({
+          path: file,
+          line: i + 1,
+          message: `not ${what} (a torn or edited line in the middle of the file; only a torn last line is skipped)`
+        })
+      }
+    }
+    return records
+  })
+
+/** The longest tail of `line` that is a whole record, and where it starts. */
+const gluedRecord = <A>(
+  line: string,
+  decodeLine: (line: string) => Option.Option<A>
+): Option.Option<{ readonly at: number; readonly record: A }> => {
+  for (let at = line.indexOf("{", 1); at > 0; at = line.indexOf("{", at + 1)) {
+    const record = decodeLine(line.slice(at))
+    if (Option.isSome(record)) return Option.some({ at, record: record.value })
+  }
+  return Option.none()
+}
+
+const parseJson = (line: string): Option.Option<unknown> => {
+  try {
+    return Option.some(JSON.parse(line))
+  } catch {
+    return Option.none()
+  }
+}
+
+/** A metrics.jsonl record: what Metrics.record writes, `{ event, step, time, ...values }`. */
+const asMetricRecord = (value: unknown): Option.Option<MetricRecord> =>
+  typeof value === "object" &&
+  value !== null &&
+  !Array.isArray(value) &&
+  typeof (value as MetricRecord)["event"] === "string" &&
+  typeof (value as MetricRecord)["step"] === "number"
+    ? Option.some(value as MetricRecord)
+    : Option.none()
+
+const firstLine = (e: { readonly message: string }) => e.message.split("\n")[0] ?? ""
+
+const ConsumedLine = Schema.Struct({ uid: Schema.String, cursor: Schema.Int, step: Schema.Int })
+const asConsumedLine = Schema.decodeUnknownOption(ConsumedLine)
+
+/**
+ * The run's config (config.yaml, as `train` resolved it); undefined when absent. A file that is not YAML fails; one
+ * that no longer decodes (a key renamed since the run) is a warning, and the report leaves out what it would take
+ * from it (the batch size, the pipeline mode, the tokenizer).
+ */
 const loadConfig = (runDir: string) =>
   Effect.gen(function* () {
     const path = yield* Path.Path
     const file = path.join(runDir, "config.yaml")
     const fs = yield* FileSystem.FileSystem
     if (!(yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false)))) return undefined
-    return Option.getOrUndefined(yield* RunConfigLoader.load(file).pipe(Effect.option))
+    const raw = yield* RunConfigLoader.readFile(file).pipe(
+      Effect.mapError((e) => new ReportError({ path: file, message: e.message }))
+    )
+    return yield* RunConfigLoader.decode(raw, file).pipe(
+      Effect.catch((e) =>
+        Effect.logWarning(`${file} no longer decodes as a run config, so the report ignores it: ${firstLine(e)}`).pipe(
+          Effect.as(undefined)
+        )
+      )
+    )
   })
 
 /** The tokenizer of the latest checkpoint, else the one the config names; undefined when neither loads. */
@@ -343,8 +431,20 @@ const loadTokenizer = (runDir: string, config: RunConfig | undefined) =>
       Effect.orElseSucceed(() => undefined)
     )
     if (latest !== undefined && latest.trim() !== "") {
-      const fromCheckpoint = yield* AutoTokenizer.load(path.join(runDir, "checkpoints", latest.trim())).pipe(
-        Effect.option
+      // a checkpoint without tokenizer files falls back to the config's; files that do not load are an error
+      const dir = path.join(runDir, "checkpoints", latest.trim())
+      const fromCheckpoint = yield* AutoTokenizer.load(dir).pipe(
+        Effect.map(Option.some),
+        Effect.catch((e) =>
+          e.reason === "NotFound"
+            ? Effect.succeed(Option.none())
+            : Effect.fail(
+                new ReportError({
+                  path: e.path?.startsWith(dir) === true ? e.path : path.join(dir, e.path ?? ""),
+                  message: `cannot load the tokenizer: ${e.message}`
+                })
+              )
+        )
       )
       if (Option.isSome(fromCheckpoint)) return { tokenizer: fromCheckpoint.value, from: "latest checkpoint" }
     }
@@ -365,8 +465,7 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   if (!(yield* fs.exists(runDir).pipe(Effect.orElseSucceed(() => false)))) {
     return yield* new ReportError({ path: runDir, message: "no such run directory" })
   }
-  const metricsText = yield* readText(path.join(runDir, Metrics.fileName))
-  const records = parseJsonl(metricsText ?? "")
+  const records = yield* readJsonl(path.join(runDir, Metrics.fileName), "a metrics record", asMetricRecord)
   const train = columns(records.filter((r) => r["event"] === "train"))
   const evalCols = columns(records.filter((r) => r["event"] === "eval"))
   const configText = (yield* readText(path.join(runDir, "config.yaml"))) ?? ""
@@ -376,7 +475,7 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   const specialIds = new Set(tokenizer?.addedTokens.map((t) => t.id) ?? [])
 
   // the step each recorded group was trained in: consumed.jsonl, or without it (an older run) the file order
-  const consumed = yield* ConsumedLog.read(runDir)
+  const consumed = yield* readJsonl(ConsumedLog.file(runDir), "a consumed-prompt line", asConsumedLine)
   const stepOf = new Map(consumed.map((c) => [groupKey(c.uid, c.cursor), c.step] as const))
   const batchSize = config?.trainer.train_batch_size ?? 1
   const steps = consumed.length > 0 ? [...new Set(consumed.map((c) => c.step))].sort((a, b) => a - b) : train.steps
@@ -402,7 +501,9 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
           else kept.delete(key)
         })
       ),
-      Effect.mapError((e) => new ReportError({ path: e.file, message: e.message }))
+      Effect.mapError(
+        (e) => new ReportError({ path: e.file, ...(e.line === undefined ? {} : { line: e.line }), message: e.message })
+      )
     )
   }
   const byStepCounts = new Map<number, { groups: number; trajectories: number; tokens: number }>()

@@ -18,7 +18,7 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Context, Effect, Layer } from "effect"
+import { type Cause, Context, Effect, Layer, Schema, SchemaIssue } from "effect"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as Safetensors from "../model/Safetensors.ts"
@@ -63,6 +63,30 @@ const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
     catch: (cause) =>
       new CheckpointError({ path: dir, message: `${what}: ${cause instanceof Error ? cause.message : String(cause)}` })
   })
+
+/** `trainer_state.json` as `save` writes it; replay entries are checked by the trainer that restores them. */
+const TrainerStateFile = Schema.Struct({
+  step: Schema.Int,
+  version: Schema.Int,
+  optimizerStep: Schema.Int,
+  optimizerNames: Schema.Array(Schema.String),
+  klCoef: Schema.Finite,
+  replay: Schema.optionalKey(Schema.Array(Schema.Unknown)),
+  data: Schema.Record(Schema.String, Schema.Unknown)
+})
+
+const decodeState = Schema.decodeUnknownExit(TrainerStateFile)
+
+/** `key: what was expected` for the first problem of a decoded trainer_state.json. */
+const stateProblem = (cause: Cause.Cause<Schema.SchemaError>): string => {
+  const failure = cause.reasons.find((r) => r._tag === "Fail")
+  const issue =
+    failure !== undefined && failure._tag === "Fail"
+      ? SchemaIssue.makeFormatterStandardSchemaV1()(failure.error.issue).issues[0]
+      : undefined
+  const key = (issue?.path ?? []).map((p) => String(typeof p === "object" ? p.key : p)).join(".")
+  return `${key === "" ? "" : `${key}: `}${issue?.message ?? "not a trainer state"}`
+}
 
 /** The directory under a run directory that holds the step checkpoints and the `latest` pointer. */
 export const dirName = "checkpoints"
@@ -228,28 +252,39 @@ export const make = (options: {
       const raw = yield* attempt(dir, "trainer_state.json", () =>
         fs.readFile(path.join(dir, "trainer_state.json"), "utf8")
       )
-      const state = yield* Effect.try({
-        try: () =>
-          JSON.parse(raw) as {
-            step: number
-            version: number
-            optimizerStep: number
-            optimizerNames: Array<string>
-            klCoef: number
-            replay?: Array<ExperienceReplay.Entry>
-            data: Record<string, unknown>
-          },
-        catch: () => new CheckpointError({ path: dir, message: "trainer_state.json is not valid JSON" })
+      const json = yield* Effect.try({
+        try: (): unknown => JSON.parse(raw),
+        catch: (cause) =>
+          new CheckpointError({
+            path: dir,
+            message: `trainer_state.json is not valid JSON (${cause instanceof Error ? cause.message : String(cause)})`
+          })
       })
+      const decoded = decodeState(json)
+      if (decoded._tag === "Failure") {
+        // `sft` writes its own trainer state (snake_case, no optimizer names): its weights start a run, not resume one
+        const sft = typeof json === "object" && json !== null && "optimizer_step" in json
+        return yield* new CheckpointError({
+          path: dir,
+          message: sft
+            ? `trainer_state.json is an sft checkpoint's: start a run from its weights with model.path=${dir}, not --resume`
+            : `trainer_state.json: ${stateProblem(decoded.cause)}`
+        })
+      }
+      const state = decoded.value
       const bytes = yield* attempt(dir, "optimizer.safetensors", () =>
         fs.readFile(path.join(dir, "optimizer.safetensors"))
       )
-      const decoded = yield* Effect.try({
+      const moments = yield* Effect.try({
         try: () => Safetensors.decode(new Uint8Array(bytes), path.join(dir, "optimizer.safetensors")),
-        catch: (cause) => new CheckpointError({ path: dir, message: `optimizer.safetensors: ${String(cause)}` })
+        catch: (cause) =>
+          new CheckpointError({
+            path: dir,
+            message: `optimizer.safetensors: ${cause instanceof Error ? cause.message : String(cause)}`
+          })
       })
       const get = (key: string) => {
-        const t = decoded.tensors.get(key)
+        const t = moments.tensors.get(key)
         if (t === undefined) throw new Error(`missing ${key}`)
         return t.data
       }
@@ -269,7 +304,7 @@ export const make = (options: {
           version: state.version,
           optimizer,
           klCoef: state.klCoef,
-          ...(state.replay === undefined ? {} : { replay: state.replay })
+          ...(state.replay === undefined ? {} : { replay: state.replay as ReadonlyArray<ExperienceReplay.Entry> })
         },
         data: state.data
       }
