@@ -15,8 +15,8 @@ import * as nodePath from "node:path"
 import { Clock, Effect, type FileSystem, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as ConsumedLog from "../store/ConsumedLog.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
-import * as ConsumedLog from "./ConsumedLog.ts"
 import type * as TrainingLoop from "./TrainingLoop.ts"
 
 /**

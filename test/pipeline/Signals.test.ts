@@ -8,7 +8,7 @@ import { mkdtempSync, readFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import type * as ConsumedLog from "../../src/pipeline/ConsumedLog.ts"
+import type * as ConsumedLog from "../../src/store/ConsumedLog.ts"
 import * as Cli from "../fixtures/Cli.ts"
 
 const tmp = mkdtempSync(join(tmpdir(), "effect-rl-signals-"))
