@@ -20,9 +20,17 @@
  *
  * Sampling defaults follow vLLM: `max_tokens` 16, `temperature` 1, `top_p` 1, `top_k` off (0 or -1), the tokenizer's
  * end-of-turn ids stop unless `ignore_eos`; `seed` is per request (choice j of prompt i uses `seed + i·n + j`).
+ *
+ * Limits, answered as vLLM answers them (400 with its error body, below) unless said otherwise:
+ * - the body: at most `maxRequestBytes`, else 413; a body is read as it arrives and refused as soon as it passes the
+ *   limit (a declared Content-Length past it is refused before any is read), so a client cannot make the server hold
+ *   more. Not JSON, or not an object: 400.
+ * - context: each prompt's tokens + `max_tokens` ≤ `maxModelLen`, with vLLM's message. Without `max_tokens` the
+ *   default 16 is cut to the room left (vLLM fills the room), and a prompt of `maxModelLen` tokens or more is refused.
+ * - `n`: an integer in 1..`maxN`; `max_tokens` / `max_completion_tokens`: an integer ≥ 1.
  */
 import { timingSafeEqual } from "node:crypto"
-import { Clock, Effect, Random } from "effect"
+import { Clock, Effect, Random, Stream } from "effect"
 import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { InferenceError } from "../domain/Errors.ts"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
@@ -40,8 +48,12 @@ export interface ServerOptions {
   readonly tokenizer: TokenizerImpl
   /** The name `/v1/models` lists and responses carry. */
   readonly modelName: string
-  /** The context length, for `/v1/models` (`max_model_len`). */
+  /** The context length (`max_model_len`): `/v1/models` lists it, and prompt + `max_tokens` must fit in it. */
   readonly maxModelLen: number
+  /** Refuse request bodies larger than this (bytes, 413); default `defaultMaxRequestBytes(maxModelLen)`. */
+  readonly maxRequestBytes?: number
+  /** The most choices a request may ask for per prompt (`n`); default `defaultMaxN`. */
+  readonly maxN?: number
   /** Bearer token of `/v1/weights`; without one the endpoint is closed (403). */
   readonly weightToken?: string
   /** Refuse weight uploads larger than this (bytes); default 4 GiB. */
@@ -50,29 +62,54 @@ export interface ServerOptions {
   readonly promptLogprobs?: (ids: ReadonlyArray<number>) => Promise<ReadonlyArray<number>>
 }
 
-/** A request the server refuses: answered with `status` and OpenAI's error body. */
+/**
+ * 32 bytes per token of context, at least 1 MiB: a whole context of text (a token is rarely over 8 characters, a
+ * character at most 4 bytes of UTF-8) or of token ids (at most 7 bytes each as JSON) fits, with room for the rest.
+ */
+export const defaultMaxRequestBytes = (maxModelLen: number): number => Math.max(2 ** 20, 32 * maxModelLen)
+
+/** vLLM sets no bound on `n`; one request still should not fill the engine's batch many times over. */
+export const defaultMaxN = 64
+
+/** A request the server refuses: answered with `status` and vLLM's error body; `param` names the field at fault. */
 class BadRequest {
   readonly _tag = "BadRequest"
   readonly message: string
   readonly status: number
-  constructor(message: string, status = 400) {
+  readonly param: string | null
+  constructor(message: string, status = 400, param: string | null = null) {
     this.message = message
     this.status = status
+    this.param = param
   }
 }
 
-const errorBody = (message: string, status: number) => ({
-  error: {
-    message,
-    type: status === 401 ? "authentication_error" : status >= 500 ? "server_error" : "invalid_request_error",
-    code: status
-  }
+/**
+ * vLLM's error body since v0.10.1 (vllm-project/vllm#22099, `ErrorResponse`/`ErrorInfo` in
+ * vllm/entrypoints/openai/protocol.py; https://github.com/vllm-project/vllm/pull/22099):
+ * `{"error": {"message", "type", "param", "code"}}`. Before v0.10.1 the same fields sat at the top level beside
+ * `"object": "error"`; OpenAI's own API nests them as here. `type` is the status's name + "Error", as vLLM's
+ * `err_type` spells it ("BadRequestError", "NotFoundError", "InternalServerError").
+ */
+const errorBody = (e: BadRequest) => ({
+  error: { message: e.message, type: errorTypes[e.status] ?? "BadRequestError", param: e.param, code: e.status }
 })
 
-const fail = (message: string, status = 400) => Effect.fail(new BadRequest(message, status))
+const errorTypes: Record<number, string> = {
+  400: "BadRequestError",
+  401: "UnauthorizedError",
+  403: "ForbiddenError",
+  409: "ConflictError",
+  413: "RequestEntityTooLargeError",
+  500: "InternalServerError",
+  502: "BadGatewayError",
+  503: "ServiceUnavailableError"
+}
 
-const respondError = (e: BadRequest) =>
-  HttpServerResponse.jsonUnsafe(errorBody(e.message, e.status), { status: e.status })
+const fail = (message: string, status = 400, param: string | null = null) =>
+  Effect.fail(new BadRequest(message, status, param))
+
+const respondError = (e: BadRequest) => HttpServerResponse.jsonUnsafe(errorBody(e), { status: e.status })
 
 const fromInferenceError = (e: InferenceError) =>
   new BadRequest(
@@ -90,7 +127,19 @@ const optionalNumber = (body: Json, key: string, check: (n: number) => boolean, 
   if (value === undefined || value === null) return Effect.succeed(undefined)
   return typeof value === "number" && Number.isFinite(value) && check(value)
     ? Effect.succeed(value)
-    : fail(`"${key}" must be ${expected}`)
+    : fail(`"${key}" must be ${expected}`, 400, key)
+}
+
+/** An optional integer in [min, max], refused in the words of vLLM's SamplingParams ("n must be at least 1, got 0."). */
+const optionalInt = (body: Json, key: string, min: number, max = Number.POSITIVE_INFINITY) => {
+  const value = body[key]
+  if (value === undefined || value === null) return Effect.succeed(undefined)
+  if (typeof value !== "number" || !Number.isInteger(value)) {
+    return fail(`${key} must be an integer, got ${JSON.stringify(value)}.`, 400, key)
+  }
+  if (value < min) return fail(`${key} must be at least ${min}, got ${value}.`, 400, key)
+  if (value > max) return fail(`${key} must be at most ${max}, got ${value}.`, 400, key)
+  return Effect.succeed(value)
 }
 
 const isTokenIds = (value: unknown): value is ReadonlyArray<number> =>
@@ -106,7 +155,7 @@ const promptRows = (body: Json, tokenizer: TokenizerImpl) => {
     if (prompt.every((p) => typeof p === "string")) return Effect.succeed(prompt.map(encode))
     if (prompt.every(isTokenIds)) return Effect.succeed(prompt as ReadonlyArray<ReadonlyArray<number>>)
   }
-  return fail(`"prompt" must be a string, strings, token ids or lists of token ids, all non-empty`)
+  return fail(`"prompt" must be a string, strings, token ids or lists of token ids, all non-empty`, 400, "prompt")
 }
 
 const stopStrings = (body: Json) => {
@@ -114,12 +163,13 @@ const stopStrings = (body: Json) => {
   if (stop === undefined || stop === null) return Effect.succeed([] as ReadonlyArray<string>)
   if (typeof stop === "string") return Effect.succeed([stop])
   if (Array.isArray(stop) && stop.every((s) => typeof s === "string")) return Effect.succeed(stop as Array<string>)
-  return fail(`"stop" must be a string or a list of strings`)
+  return fail(`"stop" must be a string or a list of strings`, 400, "stop")
 }
 
 interface Sampling {
   readonly n: number
-  readonly maxTokens: number
+  /** As asked; undefined: the default, cut to the room each prompt leaves (`budget`). */
+  readonly maxTokens: number | undefined
   readonly temperature: number
   readonly topP: number
   readonly topK: number
@@ -128,14 +178,11 @@ interface Sampling {
   readonly stopTokenIds: ReadonlyArray<number>
 }
 
-const samplingOf = (body: Json, tokenizer: TokenizerImpl, maxTokensKeys: ReadonlyArray<string>) =>
+const samplingOf = (body: Json, tokenizer: TokenizerImpl, maxTokensKeys: ReadonlyArray<string>, maxN: number) =>
   Effect.gen(function* () {
-    const n = (yield* optionalNumber(body, "n", (v) => Number.isInteger(v) && v >= 1 && v <= 128, "1 to 128")) ?? 1
-    let maxTokens = 16
-    for (const key of maxTokensKeys) {
-      const value = yield* optionalNumber(body, key, (v) => Number.isInteger(v) && v >= 1, "a positive integer")
-      if (value !== undefined) maxTokens = value
-    }
+    const n = (yield* optionalInt(body, "n", 1, maxN)) ?? 1
+    let maxTokens: number | undefined
+    for (const key of maxTokensKeys) maxTokens = (yield* optionalInt(body, key, 1)) ?? maxTokens
     const temperature = (yield* optionalNumber(body, "temperature", (v) => v >= 0, "≥ 0")) ?? 1
     const topP = (yield* optionalNumber(body, "top_p", (v) => v > 0 && v <= 1, "in (0, 1]")) ?? 1
     const topK = (yield* optionalNumber(body, "top_k", (v) => Number.isInteger(v) && v >= -1, "an integer ≥ -1")) ?? 0
@@ -147,7 +194,7 @@ const samplingOf = (body: Json, tokenizer: TokenizerImpl, maxTokensKeys: Readonl
       !isTokenIds(extraStopIds) &&
       !Array.isArray(extraStopIds)
     ) {
-      return yield* fail(`"stop_token_ids" must be a list of token ids`)
+      return yield* fail(`"stop_token_ids" must be a list of token ids`, 400, "stop_token_ids")
     }
     const ids = Array.isArray(extraStopIds) ? (extraStopIds as ReadonlyArray<number>) : []
     const stopTokenIds = body["ignore_eos"] === true ? ids : [...new Set([...tokenizer.eosIds, ...ids])]
@@ -163,9 +210,39 @@ const samplingOf = (body: Json, tokenizer: TokenizerImpl, maxTokensKeys: Readonl
     } satisfies Sampling
   })
 
+const defaultMaxTokens = 16
+
+/**
+ * The tokens a prompt may be continued by: `max_tokens` when prompt + it fit in the context, else vLLM's 400 (the
+ * messages of v0.10.1's `OpenAIServing._validate_input`, vllm/entrypoints/openai/serving_engine.py; `param` as later
+ * versions name it). Without `max_tokens`, the default cut to the room left.
+ */
+const budget = (promptTokens: number, s: Sampling, maxModelLen: number) => {
+  if (s.maxTokens !== undefined) {
+    return promptTokens + s.maxTokens <= maxModelLen
+      ? Effect.succeed(s.maxTokens)
+      : fail(
+          `This model's maximum context length is ${maxModelLen} tokens. However, you requested ` +
+            `${promptTokens + s.maxTokens} tokens (${promptTokens} in the messages, ${s.maxTokens} in the completion). ` +
+            `Please reduce the length of the messages or completion.`,
+          400,
+          "max_tokens"
+        )
+  }
+  return promptTokens < maxModelLen
+    ? Effect.succeed(Math.min(defaultMaxTokens, maxModelLen - promptTokens))
+    : fail(
+        `This model's maximum context length is ${maxModelLen} tokens. However, you requested ${promptTokens} ` +
+          `tokens in the messages, Please reduce the length of the messages.`,
+        400,
+        "input_tokens"
+      )
+}
+
 /** One engine request per (prompt, sample): choice index `i·n + j`, as vLLM numbers them. */
-const requestsOf = (prompts: ReadonlyArray<ReadonlyArray<number>>, s: Sampling) =>
+const requestsOf = (prompts: ReadonlyArray<ReadonlyArray<number>>, s: Sampling, maxModelLen: number) =>
   Effect.gen(function* () {
+    const budgets = yield* Effect.forEach(prompts, (promptIds) => budget(promptIds.length, s, maxModelLen))
     const base = s.seed ?? (yield* Random.nextIntBetween(0, 2 ** 31 - 1))
     return prompts.flatMap((promptIds, i) =>
       Array.from(
@@ -173,7 +250,7 @@ const requestsOf = (prompts: ReadonlyArray<ReadonlyArray<number>>, s: Sampling) 
         (_, j): GenerateRequest => ({
           promptIds,
           sampling: {
-            maxNewTokens: s.maxTokens,
+            maxNewTokens: budgets[i]!,
             temperature: s.temperature,
             topK: s.topK,
             topP: s.topP,
@@ -230,7 +307,9 @@ const promptLogprobsOf = (
     )
     if (wanted === undefined) return undefined
     const score = options.promptLogprobs
-    if (score === undefined) return yield* fail(`"prompt_logprobs" is not supported by this server`)
+    if (score === undefined) {
+      return yield* fail(`"prompt_logprobs" is not supported by this server`, 400, "prompt_logprobs")
+    }
     return yield* Effect.forEach(prompts, (ids) =>
       Effect.map(
         Effect.promise(() => score(ids)),
@@ -267,13 +346,15 @@ export const chatMessage = (
 
 const readMessages = (body: Json) => {
   const messages = body["messages"]
-  if (!Array.isArray(messages) || messages.length === 0) return fail(`"messages" must be a non-empty list`)
+  if (!Array.isArray(messages) || messages.length === 0) {
+    return fail(`"messages" must be a non-empty list`, 400, "messages")
+  }
   const out: Array<Message> = []
   for (const [i, m] of messages.entries()) {
-    if (typeof m !== "object" || m === null) return fail(`messages[${i}] must be an object`)
+    if (typeof m !== "object" || m === null) return fail(`messages[${i}] must be an object`, 400, "messages")
     const { role, content, tool_calls, tool_call_id, name } = m as Json
     if (role !== "system" && role !== "user" && role !== "assistant" && role !== "tool") {
-      return fail(`messages[${i}].role must be system, user, assistant or tool`)
+      return fail(`messages[${i}].role must be system, user, assistant or tool`, 400, "messages")
     }
     // content: a string, null (an assistant turn with only tool calls) or OpenAI's list of text parts
     const text =
@@ -284,7 +365,9 @@ const readMessages = (body: Json) => {
           : Array.isArray(content)
             ? content.map((part) => (typeof part?.text === "string" ? part.text : "")).join("")
             : undefined
-    if (text === undefined) return fail(`messages[${i}].content must be a string or a list of text parts`)
+    if (text === undefined) {
+      return fail(`messages[${i}].content must be a string or a list of text parts`, 400, "messages")
+    }
     out.push({
       role,
       content: text,
@@ -300,15 +383,33 @@ const readMessages = (body: Json) => {
 
 const secondsNow = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
 
-const readJsonBody = (request: HttpServerRequest.HttpServerRequest) =>
-  request.json.pipe(
-    Effect.mapError(() => new BadRequest("the body is not valid JSON")),
-    Effect.flatMap((body) =>
-      typeof body === "object" && body !== null && !Array.isArray(body)
-        ? Effect.succeed(body as Json)
-        : fail("the body must be a JSON object")
+/**
+ * The body as a JSON object, read chunk by chunk and refused (413) as soon as it passes `maxBytes`. The rest is left
+ * unread: the HTTP layer closes the connection after the answer rather than drain it (NodeHttpServer's teardown).
+ */
+const readJsonBody = (request: HttpServerRequest.HttpServerRequest, maxBytes: number) =>
+  Effect.gen(function* () {
+    const tooLarge = new BadRequest(`the request body exceeds this server's limit of ${maxBytes} bytes`, 413)
+    if (Number(request.headers["content-length"]) > maxBytes) return yield* Effect.fail(tooLarge)
+    const chunks: Array<Uint8Array> = []
+    let bytes = 0
+    yield* request.stream.pipe(
+      Stream.mapError(() => new BadRequest("cannot read the request body")),
+      Stream.runForEach((chunk) => {
+        bytes += chunk.byteLength
+        if (bytes > maxBytes) return Effect.fail(tooLarge)
+        chunks.push(chunk)
+        return Effect.void
+      })
     )
-  )
+    const body = yield* Effect.try({
+      try: () => JSON.parse(Buffer.concat(chunks).toString("utf8")) as unknown,
+      catch: (cause) => new BadRequest(`the body is not valid JSON: ${cause instanceof Error ? cause.message : ""}`)
+    })
+    return typeof body === "object" && body !== null && !Array.isArray(body)
+      ? (body as Json)
+      : yield* fail("the body must be a JSON object")
+  })
 
 const generateAll = (engine: InferenceEngine["Service"], requests: ReadonlyArray<GenerateRequest>) =>
   engine.generate(requests).pipe(Effect.mapError(fromInferenceError))
@@ -331,7 +432,9 @@ const authorised = (request: HttpServerRequest.HttpServerRequest, token: string)
 export const routes = (options: ServerOptions) =>
   HttpRouter.use(
     Effect.fnUntraced(function* (router) {
-      const { engine, tokenizer, modelName } = options
+      const { engine, tokenizer, modelName, maxModelLen } = options
+      const maxRequestBytes = options.maxRequestBytes ?? defaultMaxRequestBytes(maxModelLen)
+      const maxN = options.maxN ?? defaultMaxN
       const uploads = WeightUpload.assembler({ maxBytes: options.maxWeightBytes ?? 4 * 1024 ** 3 })
       const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
         effect.pipe(Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))))
@@ -357,7 +460,7 @@ export const routes = (options: ServerOptions) =>
                 created,
                 owned_by: "effect-rl",
                 root: modelName,
-                max_model_len: options.maxModelLen,
+                max_model_len: maxModelLen,
                 policy_version: version
               }
             ]
@@ -368,11 +471,11 @@ export const routes = (options: ServerOptions) =>
       yield* router.add("POST", "/v1/completions", (request) =>
         handle(
           Effect.gen(function* () {
-            const body = yield* readJsonBody(request)
-            if (body["stream"] === true) return yield* fail(`"stream" is not supported`)
+            const body = yield* readJsonBody(request, maxRequestBytes)
+            if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
             const prompts = yield* promptRows(body, tokenizer)
-            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"])
-            const requests = yield* requestsOf(prompts, sampling)
+            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"], maxN)
+            const requests = yield* requestsOf(prompts, sampling, maxModelLen)
             const results = yield* generateAll(engine, requests)
             const wantLogprobs = body["logprobs"] !== undefined && body["logprobs"] !== null
             const tokensAsIds = body["return_tokens_as_token_ids"] === true
@@ -410,8 +513,8 @@ export const routes = (options: ServerOptions) =>
       yield* router.add("POST", "/v1/chat/completions", (request) =>
         handle(
           Effect.gen(function* () {
-            const body = yield* readJsonBody(request)
-            if (body["stream"] === true) return yield* fail(`"stream" is not supported`)
+            const body = yield* readJsonBody(request, maxRequestBytes)
+            if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
             const messages = yield* readMessages(body)
             const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : undefined
             const toolsOffered = tools !== undefined && tools.length > 0 && body["tool_choice"] !== "none"
@@ -426,8 +529,8 @@ export const routes = (options: ServerOptions) =>
                 }),
               catch: (cause) => new BadRequest(cause instanceof Error ? cause.message : "chat template failed")
             })
-            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"])
-            const requests = yield* requestsOf([promptIds], sampling)
+            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"], maxN)
+            const requests = yield* requestsOf([promptIds], sampling, maxModelLen)
             const results = yield* generateAll(engine, requests)
             const created = yield* secondsNow
             const eos = new Set(tokenizer.eosIds)
