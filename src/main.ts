@@ -30,6 +30,7 @@ const reportFatal = (cause: Cause.Cause<unknown>) =>
       if (Cause.isFailReason(reason)) {
         const error = reason.error as Record<PropertyKey, unknown> | undefined
         if (typeof error === "object" && error !== null && typeof error[CliError.userMessage] === "string") continue
+        if (CliError.isCliError(reason.error) && reason.error._tag === "ShowHelp") continue // the CLI printed the help
         process.stderr.write(`\nERROR\n  ${describeFailure(reason.error)}\n`)
       } else if (Cause.isDieReason(reason)) {
         const defect = reason.defect

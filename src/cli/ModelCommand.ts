@@ -122,7 +122,7 @@ const logprobsCommand = Command.make(
 ).pipe(Command.withDescription("Print the log-prob of each token id after the first, given its prefix"))
 
 /** A run directory means its latest checkpoint; anything else is taken as a checkpoint directory. */
-const resolveCheckpoint = (dir: string) => Effect.promise(async () => (await Checkpointer.latestIn(dir)) ?? dir)
+const resolveCheckpoint = (dir: string) => Effect.promise(() => Checkpointer.resolveModelDir(dir))
 
 /** Write the model at `dir` (a checkpoint or a run directory) as a HF directory at `out`. */
 export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16") =>

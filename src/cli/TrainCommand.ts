@@ -3,24 +3,18 @@
  * (SyncSource) or fully async (AsyncSource, `pipeline.mode: async`), in the one TrainingLoop. Writes the run directory (config.yaml, metrics.jsonl, episodes.jsonl, consumed.jsonl,
  * checkpoints/) and ends with one JSON summary line on stdout:
  * `{"event":"summary","steps":…,"seconds":…,"runDir":…,"evalBefore":{…},"evalAfter":{…}}`.
- * A fresh run (no resume) into a directory that holds an earlier run first moves that run's files to
- * `<run dir>/earlier/<its start time>/`: appending to them would mix two runs' steps in metrics, episodes and report.
+ * The run directory's files, archiving and resume resolution: RunDirectory.
  */
-import * as fs from "node:fs/promises"
-import * as path from "node:path"
-import { Console, Effect, Option, Schema, Stream } from "effect"
+import { Cause, Console, Effect, Option, Schema, Stream } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as RunLayers from "../../layers/RunLayers.ts"
 import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
-import { CheckpointError, ConfigError } from "../domain/Errors.ts"
-import * as Metrics from "../metrics/Metrics.ts"
+import { ConfigError } from "../domain/Errors.ts"
 import * as Report from "../metrics/Report.ts"
 import * as Pipelines from "../pipeline/Pipelines.ts"
-import * as Checkpointer from "../store/Checkpointer.ts"
-import * as ConsumedLog from "../store/ConsumedLog.ts"
-import * as EpisodeLog from "../store/EpisodeLog.ts"
+import * as RunDirectory from "../store/RunDirectory.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 /**
@@ -50,53 +44,8 @@ export const readRows = Effect.fn("cli.readRows")(function* (
   return kept
 })
 
-/**
- * `latest` → the checkpoint of the run directory to continue from (`Checkpointer.resumeLatest`: what
- * `checkpoints/latest` names, else the newest complete step; undefined when there is none); a path → itself.
- */
-export const resolveResume = (runDir: string, which: string): Effect.Effect<string | undefined, CheckpointError> =>
-  which === "latest"
-    ? Checkpointer.resumeLatest(runDir)
-    : Effect.tryPromise({
-        try: async () => {
-          await fs.access(path.join(which, "trainer_state.json"))
-          return which
-        },
-        catch: () => new CheckpointError({ path: which, message: "not a checkpoint directory (no trainer_state.json)" })
-      })
-
-const configFile = "config.yaml"
-
-/** What a run writes into its directory. */
-const runEntries = [
-  configFile,
-  Metrics.fileName,
-  EpisodeLog.fileName,
-  ConsumedLog.fileName,
-  Checkpointer.dirName,
-  Report.fileName
-]
-
-const statOf = (file: string) => fs.stat(file).catch(() => undefined)
-
-/**
- * Moves an earlier run's files out of the way of a fresh run: to `<run dir>/earlier/<stamp>/`, the stamp being the
- * earlier run's start (its config.yaml's modification time). Returns that directory, or undefined when the run
- * directory holds no run. Other files in the directory are left where they are.
- */
-export const archiveEarlierRun = (runDir: string) =>
-  Effect.tryPromise(async () => {
-    const present: Array<string> = []
-    for (const name of runEntries) if ((await statOf(path.join(runDir, name))) !== undefined) present.push(name)
-    if (present.length === 0) return undefined
-    const started = (await statOf(path.join(runDir, configFile)))?.mtime ?? new Date()
-    const stamp = started.toISOString().slice(0, 19).replaceAll(":", "-") // 2026-11-22T07-55-03
-    let target = path.join(runDir, "earlier", stamp)
-    for (let n = 2; (await statOf(target)) !== undefined; n++) target = path.join(runDir, "earlier", `${stamp}-${n}`)
-    await fs.mkdir(target, { recursive: true })
-    for (const name of present) await fs.rename(path.join(runDir, name), path.join(target, name))
-    return target
-  }).pipe(Effect.orDie)
+/** As RunDirectory.resolveResume (kept here for callers of the command module). */
+export const resolveResume = RunDirectory.resolveResume
 
 export const command = Command.make(
   "train",
@@ -118,22 +67,11 @@ export const command = Command.make(
     }
     const train = yield* readRows(config.data.train, config.data.max_prompts, config.data.include)
     const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
-    const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
-    if (resume !== undefined && resumeFrom === undefined)
-      yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)
-    if (resumeFrom === undefined) {
-      const moved = yield* archiveEarlierRun(runDir)
-      if (moved !== undefined) {
-        yield* Effect.logInfo(
-          `${runDir} held an earlier run: moved it to ${moved} (train --resume latest continues a run instead)`
-        )
-      }
-    }
-    yield* Effect.tryPromise(async () => {
-      await fs.mkdir(runDir, { recursive: true })
-      const encoded = Schema.encodeSync(RunConfig)(config)
-      await fs.writeFile(path.join(runDir, configFile), `${ConfigView.toYaml(ConfigView.redact(encoded))}\n`)
-    }).pipe(Effect.orDie)
+    const { resumeFrom } = yield* RunDirectory.open(
+      runDir,
+      resume,
+      `${ConfigView.toYaml(ConfigView.redact(Schema.encodeSync(RunConfig)(config)))}\n`
+    )
     yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
     const summary = yield* Pipelines.train({
       config,
@@ -154,7 +92,10 @@ export const command = Command.make(
       // the run is done and saved: a report that cannot be built is a warning, never a failed run
       yield* Report.write(runDir).pipe(
         Effect.tap((r) => Effect.logInfo(`report ${r.file} (${Math.round(r.bytes / 1024)} KiB)`)),
-        Effect.catchCause((cause) => Effect.logWarning("report not written", cause))
+        Effect.catchCause((cause) => {
+          const error = Cause.squash(cause)
+          return Effect.logWarning(`report not written: ${error instanceof Error ? error.message : String(error)}`)
+        })
       )
     }
     const before = summary.evalBefore?.["all"]

@@ -13,7 +13,7 @@ export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError"
 }) {
   /** What the CLI prints: `FILE: message` (the message starts with the key path). */
   override get [CliError.userMessage](): string {
-    return this.file === undefined ? `invalid config: ${this.message}` : `invalid config ${this.file}:\n${this.message}`
+    return this.file === undefined ? `invalid config: ${this.message}` : `invalid config ${this.file}: ${this.message}`
   }
 }
 

@@ -4,6 +4,8 @@
  * `timing/*`, `eval/<source>/avg_score`), and a live progress line on stderr: step, reward, pass@n, elapsed, ETA.
  */
 import { Clock, Console, Context, Effect, FileSystem, Layer, Path, Ref } from "effect"
+import * as ConsumedLog from "../store/ConsumedLog.ts"
+import * as RunDirectory from "../store/RunDirectory.ts"
 import type * as MetricKeys from "./MetricKeys.ts"
 
 export interface Progress {
@@ -23,7 +25,7 @@ export class Metrics extends Context.Service<
   }
 >()("rl/metrics/Metrics") {}
 
-export const fileName = "metrics.jsonl"
+export const fileName = RunDirectory.metricsFile
 
 const fmt = (x: number | undefined, digits = 3) => (x === undefined || !Number.isFinite(x) ? "-" : x.toFixed(digits))
 
@@ -50,6 +52,8 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
   const path = yield* Path.Path
   const file = path.join(runDir, fileName)
   yield* fs.makeDirectory(runDir, { recursive: true }).pipe(Effect.orDie)
+  // a resumed run appends after a crash: a torn last line must not swallow the next record
+  yield* ConsumedLog.dropTornTail(file)
   const started = yield* Clock.currentTimeMillis
   const lastValues = yield* Ref.make<MetricKeys.Values>({})
   const elapsedSeconds = Effect.map(Clock.currentTimeMillis, (now) => (now - started) / 1000)

@@ -26,7 +26,11 @@ import type * as TrainingLoop from "./TrainingLoop.ts"
  */
 export const recorded = (
   file: string
-): Effect.Effect<ReadonlyArray<TrajectoryGroup>, EpisodeLog.EpisodeLogError, FileSystem.FileSystem> =>
+): Effect.Effect<
+  ReadonlyArray<TrajectoryGroup>,
+  EpisodeLog.EpisodeLogError | ConsumedLog.ConsumedLogError,
+  FileSystem.FileSystem
+> =>
   Effect.gen(function* () {
     const latest = new Map<number, TrajectoryGroup>() // cursor → its last attempt
     yield* EpisodeLog.read(file).pipe(Stream.runForEach((g) => Effect.sync(() => latest.set(g.cursor, g))))

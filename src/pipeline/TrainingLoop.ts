@@ -141,7 +141,11 @@ interface Trained {
 export const run = <R1, R2>(
   options: Options<R1>,
   makeSource: (start: Start) => Effect.Effect<Source, never, R2>
-): Effect.Effect<Summary, TrainerFault | CheckpointError, R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel> =>
+): Effect.Effect<
+  Summary,
+  TrainerFault | CheckpointError | ConsumedLog.ConsumedLogError,
+  R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel
+> =>
   Effect.gen(function* () {
     const { config, runDir } = options
     const trainer = yield* Trainer

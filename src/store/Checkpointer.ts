@@ -156,9 +156,19 @@ const fsync = async (p: string) => {
   }
 }
 
+/** The newest complete `step-N` directory of a run (holding trainer_state.json); undefined when there is none. */
+const newestComplete = async (runDir: string): Promise<string | undefined> => {
+  const root = path.join(runDir, dirName)
+  for (const step of await stepDirs(root)) {
+    if (await exists(path.join(root, step, "trainer_state.json"))) return path.join(root, step)
+  }
+  return undefined
+}
+
 /**
- * The checkpoint directory a user means by `p`: a run directory → its latest checkpoint; a `checkpoints/latest`
- * pointer file → the checkpoint it names; anything else → `p` itself (read as a model directory).
+ * The checkpoint directory a user means by `p`: a run directory → its latest checkpoint (what `latest` names, or
+ * the newest complete step when `latest` is missing or empty); a `checkpoints/latest` pointer file → the checkpoint
+ * it names; anything else → `p` itself (read as a model directory).
  */
 export const resolveModelDir = async (p: string): Promise<string> => {
   const stat = await fs.stat(p).catch(() => undefined)
@@ -168,7 +178,7 @@ export const resolveModelDir = async (p: string): Promise<string> => {
       () => true,
       () => false
     )
-    if (!hasConfig) return (await latestIn(p)) ?? p
+    if (!hasConfig) return (await latestIn(p)) ?? (await newestComplete(p)) ?? p
   }
   return p
 }

@@ -10,7 +10,8 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
+import { CliError } from "effect/cli"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 
 export const fileName = "consumed.jsonl"
@@ -36,50 +37,85 @@ export const append = (runDir: string, step: number, groups: ReadonlyArray<Traje
     }
   }).pipe(Effect.orDie)
 
+/** A line of consumed.jsonl that is not one, other than a torn last line. */
+export class ConsumedLogError extends Schema.TaggedError<ConsumedLogError>()("ConsumedLogError", {
+  file: Schema.String,
+  line: Schema.Int,
+  message: Schema.String
+}) {
+  override get [CliError.userMessage](): string {
+    return `${this.file}:${this.line}: ${this.message}`
+  }
+}
+
+/**
+ * The lines of the file as records. A torn last line (a crash mid-write) is skipped; a bad line anywhere else is a
+ * ConsumedLogError naming it, since dropping it would lose the record that its prompt was trained on.
+ */
+const parse = (file: string, text: string): Effect.Effect<Array<Line>, ConsumedLogError> =>
+  Effect.gen(function* () {
+    const lines = text.split("\n")
+    const last = text.endsWith("\n") ? lines.length - 2 : lines.length - 1
+    const out: Array<Line> = []
+    for (let i = 0; i < lines.length; i++) {
+      const l = lines[i]!
+      if (l.trim() === "") continue
+      let record: Partial<Line> | undefined
+      try {
+        record = JSON.parse(l) as Partial<Line>
+      } catch {
+        record = undefined
+      }
+      if (
+        record !== undefined &&
+        typeof record.uid === "string" &&
+        Number.isInteger(record.cursor) &&
+        Number.isInteger(record.step)
+      ) {
+        out.push(record as Line)
+      } else if (i !== last) {
+        return yield* new ConsumedLogError({
+          file,
+          line: i + 1,
+          message:
+            'not a consumed-prompt line ({"uid","cursor","step"}): a torn or edited line in the middle of the file ' +
+            "(only a torn last line is skipped); restore the file or remove the line by hand"
+        })
+      }
+    }
+    return out
+  })
+
+const readText = (runDir: string) =>
+  Effect.promise(() => fs.readFile(file(runDir), "utf8").catch((): string | undefined => undefined))
+
 /** Keep only the lines of steps ≤ `step` (rewritten via a temporary file and rename); returns how many were dropped. */
 export const truncateTo = (runDir: string, step: number) =>
-  Effect.tryPromise(async () => {
-    let text: string
-    try {
-      text = await fs.readFile(file(runDir), "utf8")
-    } catch {
-      return 0
-    }
-    const lines = text.split("\n").filter((l) => l.trim() !== "")
-    const kept = lines.filter((l) => {
+  Effect.gen(function* () {
+    const text = yield* readText(runDir)
+    if (text === undefined) return 0
+    const lines = yield* parse(file(runDir), text)
+    const kept = lines.filter((l) => l.step <= step)
+    yield* Effect.tryPromise(async () => {
+      const tmp = `${file(runDir)}.tmp`
+      const handle = await fs.open(tmp, "w")
       try {
-        return (JSON.parse(l) as Line).step <= step
-      } catch {
-        return false // a torn line from a crash mid-write
+        await handle.writeFile(kept.map((l) => `${JSON.stringify(l)}\n`).join(""))
+        await handle.sync()
+      } finally {
+        await handle.close()
       }
-    })
-    const tmp = `${file(runDir)}.tmp`
-    const handle = await fs.open(tmp, "w")
-    try {
-      await handle.writeFile(kept.map((l) => `${l}\n`).join(""))
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-    await fs.rename(tmp, file(runDir))
-    return lines.length - kept.length
-  }).pipe(Effect.orDie)
+      await fs.rename(tmp, file(runDir))
+    }).pipe(Effect.orDie)
+    return text.split("\n").filter((l) => l.trim() !== "").length - kept.length
+  })
 
-/** Every line of the file (a torn last line is skipped). */
+/** Every line of the file (a torn last line is skipped; a bad line elsewhere is a ConsumedLogError). */
 export const read = (runDir: string) =>
-  Effect.tryPromise(async () => {
-    const text = await fs.readFile(file(runDir), "utf8").catch(() => "")
-    return text
-      .split("\n")
-      .filter((l) => l.trim() !== "")
-      .flatMap((l): Array<Line> => {
-        try {
-          return [JSON.parse(l) as Line]
-        } catch {
-          return []
-        }
-      })
-  }).pipe(Effect.orDie)
+  Effect.gen(function* () {
+    const text = yield* readText(runDir)
+    return text === undefined ? [] : yield* parse(file(runDir), text)
+  })
 
 /**
  * A JSONL file that a crash cut mid-line (no final newline): cut the torn tail off, so appending after a resume does

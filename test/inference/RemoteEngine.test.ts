@@ -35,7 +35,7 @@ const config = ModelConfig.fromInit({
   num_key_value_heads: 2,
   rope_theta: 10000,
   rms_norm_eps: 1e-6,
-  max_position_embeddings: 128,
+  max_position_embeddings: 512, // the chat test's prompt (template + tools, byte tokens) is 453 tokens
   tie_word_embeddings: true
 })
 const token = "s3cret-token"
@@ -233,7 +233,7 @@ describe("serve + RemoteEngine", () => {
             }>
         )
         assert.strictEqual(models.data[0]!.id, "tiny")
-        assert.strictEqual(models.data[0]!.max_model_len, 128)
+        assert.strictEqual(models.data[0]!.max_model_len, 512)
       })
     )
   )

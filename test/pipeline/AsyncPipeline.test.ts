@@ -3,7 +3,7 @@
  * toolbox MCP server, an entropy bonus so every step moves the weights).
  */
 import { spawn } from "node:child_process"
-import { appendFileSync, existsSync, mkdtempSync, readFileSync } from "node:fs"
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
@@ -65,6 +65,20 @@ describe("AsyncSource helpers", () => {
         (yield* ConsumedLog.read(dir)).map((l) => l.uid),
         ["a", "b"]
       )
+    })
+  )
+
+  it.effect("ConsumedLog refuses a torn line in the middle of the file, naming it, instead of dropping a record", () =>
+    Effect.gen(function* () {
+      const dir = mkdtempSync(join(tmp, "consumed-mid-"))
+      writeFileSync(
+        ConsumedLog.file(dir),
+        '{"uid":"a","cursor":0,"step":1}\n{"uid":"b","cur\n{"uid":"c","cursor":2,"step":2}\n'
+      )
+      const error = yield* Effect.flip(ConsumedLog.truncateTo(dir, 1))
+      assert.strictEqual(error._tag, "ConsumedLogError")
+      assert.strictEqual(error.line, 2)
+      assert.strictEqual(readFileSync(ConsumedLog.file(dir), "utf8").split("\n").length, 4, "the file is untouched")
     })
   )
 
