@@ -13,6 +13,8 @@
  *   inside `tf.tidy`, differentiable in `logProbs` — call them inside `tf.variableGrads` (see
  *   `Diagnostics.variableGrads` to keep the metrics alive past its internal tidy);
  * - {@link compute}: plain `[B][T]` arrays in, numbers out.
+ * Options are fully resolved: nothing here has a default value (an absent optional field means "off"); SkyRL's
+ * defaults live in the config schema only (config/TrainerConfig.ts, `trainer.algorithm`).
  *
  * Legend: B sequences, T response tokens; ρ_t = exp(clamp(log π_θ − log π_old, −20, 20)) (SkyRL's
  * `safe_exp_delta`); Â advantages; m the loss mask; sg(·) stop-gradient.
@@ -29,9 +31,6 @@ import * as Diagnostics from "./Diagnostics.ts"
 import * as Matrix from "./Matrix.ts"
 import * as OffPolicyCorrection from "./OffPolicyCorrection.ts"
 import * as Reduction from "./Reduction.ts"
-
-/** SkyRL's `policy_loss_type` values implemented here. */
-export type Name = "regular" | "dual_clip" | "gspo" | "cispo" | "rollout_is" | "sapo" | "dppo"
 
 /** The tensors a policy loss reads, all `[B, T]`. Only `logProbs` carries gradient. */
 export interface Inputs {
@@ -57,7 +56,7 @@ export type Output = {
 export interface ReduceOptions {
   readonly lossReduction: Reduction.Reduction
   readonly maxSeqLen?: number | undefined // seq_mean_token_sum_norm only
-  readonly offPolicyCorrection?: OffPolicyCorrection.Config | undefined
+  readonly offPolicyCorrection?: OffPolicyCorrection.Config | undefined // absent: no correction
 }
 
 /** PPO's asymmetric clip band [1 − εlow, 1 + εhigh]. */
@@ -76,11 +75,16 @@ export const regular = (inputs: Inputs, options: ClipOptions): Output =>
     return finish(perToken, inputs, options, { clipRatio })
   })
 
+/** PPO's clip band and the dual-clip bound c > 1 on the loss of negative advantages. */
+export interface DualClipOptions extends ClipOptions {
+  readonly clipRatioC: number
+}
+
 /**
  * `dual_clip` (Ye et al. 2020, arXiv:1912.09729): PPO-clip, and where Â_t < 0 also bounded by c:
  * ℓ_t = min(−c Â_t, ℓ^clip_t) if Â_t < 0, else ℓ^clip_t. Limits the push-down from a token whose ρ exploded.
  */
-export const dualClip = (inputs: Inputs, options: ClipOptions & { readonly clipRatioC: number }): Output =>
+export const dualClip = (inputs: Inputs, options: DualClipOptions): Output =>
   tf.tidy(() => {
     const { perToken, clipRatio } = ppoClip(inputs, options)
     const bound = tf.mul(tf.neg(inputs.advantages), options.clipRatioC) // −c Â        [B, T]
@@ -108,9 +112,9 @@ export const gspo = (inputs: Inputs, options: ClipOptions): Output =>
 
 /** CISPO's clip band on the IS weight, and which behaviour policy it is anchored on. */
 export interface CispoOptions extends ReduceOptions {
-  readonly cispoEpsClipLow: number // lower bound 1 − cispoEpsClipLow (SkyRL default 1.0 → 0)
-  readonly cispoEpsClipHigh: number // upper bound 1 + cispoEpsClipHigh (SkyRL default 4.0 → 5)
-  readonly cispoAnchor?: "old" | "rollout" | undefined // default "old"
+  readonly cispoEpsClipLow: number // lower bound 1 − cispoEpsClipLow
+  readonly cispoEpsClipHigh: number // upper bound 1 + cispoEpsClipHigh
+  readonly cispoAnchor?: "old" | "rollout" | undefined // π_b; absent: π_old, the paper's anchor
 }
 
 /**
@@ -163,8 +167,8 @@ export const rolloutIs = (inputs: Inputs, options: ClipOptions): Output =>
 
 /** SAPO's gate temperatures for positive and non-positive advantages. */
 export interface SapoOptions extends ReduceOptions {
-  readonly tauPos: number // SkyRL default 1.0
-  readonly tauNeg: number // SkyRL default 1.05
+  readonly tauPos: number // τ where Â > 0
+  readonly tauNeg: number // τ where Â ≤ 0
 }
 
 /**
@@ -234,75 +238,39 @@ export const dppo = (inputs: Inputs, options: DppoOptions): Output =>
   })
 
 // ---------------------------------------------------------------------------------------------------------------
-// Dispatch by SkyRL name, with SkyRL's defaults
+// Dispatch by SkyRL name
 // ---------------------------------------------------------------------------------------------------------------
 
-/** SkyRL's `trainer.algorithm` loss keys, camelCased (`sapo.tau_pos` → `sapoTauPos`, `dppo.delta_low` → `dppoDeltaLow`). */
-export interface Config {
-  readonly epsClipLow: number
-  readonly epsClipHigh: number
-  readonly clipRatioC: number
-  readonly lossReduction: Reduction.Reduction
-  readonly maxSeqLen?: number | undefined
-  readonly cispoEpsClipLow: number
-  readonly cispoEpsClipHigh: number
-  readonly cispoAnchor: "old" | "rollout"
-  readonly sapoTauPos: number
-  readonly sapoTauNeg: number
-  readonly dppoType: "binary_tv" | "binary_kl"
-  readonly dppoDeltaLow: number
-  readonly dppoDeltaHigh: number
-  readonly offPolicyCorrection: OffPolicyCorrection.Config
+/**
+ * Each loss's options by its SkyRL `policy_loss_type` name, fully resolved: no defaults here. Their values come from
+ * `trainer.algorithm` (config/TrainerConfig.ts, the one home of SkyRL's defaults), resolved by the trainer.
+ */
+export interface Options {
+  readonly regular: ClipOptions
+  readonly dual_clip: DualClipOptions
+  readonly gspo: ClipOptions
+  readonly cispo: CispoOptions
+  readonly rollout_is: ClipOptions
+  readonly sapo: SapoOptions
+  readonly dppo: DppoOptions
 }
 
-/** SkyRL's `AlgorithmConfig` defaults. Off-policy correction is off until configured. */
-export const defaults: Config = {
-  epsClipLow: 0.2,
-  epsClipHigh: 0.2,
-  clipRatioC: 3.0,
-  lossReduction: "token_mean",
-  cispoEpsClipLow: 1.0,
-  cispoEpsClipHigh: 4.0,
-  cispoAnchor: "old",
-  sapoTauPos: 1.0,
-  sapoTauNeg: 1.05,
-  dppoType: "binary_tv",
-  dppoDeltaLow: 0.2,
-  dppoDeltaHigh: 0.2,
-  offPolicyCorrection: {}
+/** SkyRL's `policy_loss_type` values implemented here. */
+export type Name = keyof Options
+
+const losses: { readonly [N in Name]: (inputs: Inputs, options: Options[N]) => Output } = {
+  regular,
+  dual_clip: dualClip,
+  gspo,
+  cispo,
+  rollout_is: rolloutIs,
+  sapo,
+  dppo
 }
 
-/** The tensor loss named `name`, with `config` over {@link defaults}. */
-export const loss = (name: Name, inputs: Inputs, config: Partial<Config> = {}): Output => {
-  const c: Config = { ...defaults, ...config }
-  const reduce: ReduceOptions = {
-    lossReduction: c.lossReduction,
-    maxSeqLen: c.maxSeqLen,
-    offPolicyCorrection: c.offPolicyCorrection
-  }
-  const clip: ClipOptions = { ...reduce, epsClipLow: c.epsClipLow, epsClipHigh: c.epsClipHigh }
-  switch (name) {
-    case "regular":
-      return regular(inputs, clip)
-    case "dual_clip":
-      return dualClip(inputs, { ...clip, clipRatioC: c.clipRatioC })
-    case "gspo":
-      return gspo(inputs, clip)
-    case "cispo":
-      return cispo(inputs, {
-        ...reduce,
-        cispoEpsClipLow: c.cispoEpsClipLow,
-        cispoEpsClipHigh: c.cispoEpsClipHigh,
-        cispoAnchor: c.cispoAnchor
-      })
-    case "rollout_is":
-      return rolloutIs(inputs, clip)
-    case "sapo":
-      return sapo(inputs, { ...reduce, tauPos: c.sapoTauPos, tauNeg: c.sapoTauNeg })
-    case "dppo":
-      return dppo(inputs, { ...reduce, dppoType: c.dppoType, deltaLow: c.dppoDeltaLow, deltaHigh: c.dppoDeltaHigh })
-  }
-}
+/** The tensor loss named `name`, with that loss's options. */
+export const loss = <N extends Name>(name: N, inputs: Inputs, options: Options[N]): Output =>
+  losses[name](inputs, options)
 
 /** Plain-array inputs of {@link compute}, each `[B][T]`. */
 export interface ArrayInputs {
@@ -322,7 +290,7 @@ export type Values = { readonly loss: number; readonly clipRatio: number; readon
  * Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back. Async:
  * the values are downloaded with `data()` (webgpu has no synchronous read), after the tidy that computed them.
  */
-export const compute = async (name: Name, inputs: ArrayInputs, config: Partial<Config> = {}): Promise<Values> => {
+export const compute = async <N extends Name>(name: N, inputs: ArrayInputs, options: Options[N]): Promise<Values> => {
   Matrix.assertSameShape(inputs.oldLogProbs, inputs.logProbs, "oldLogProbs", "logProbs")
   Matrix.assertSameShape(inputs.advantages, inputs.logProbs, "advantages", "logProbs")
   Matrix.assertSameShape(inputs.lossMask, inputs.logProbs, "lossMask", "logProbs")
@@ -340,7 +308,7 @@ export const compute = async (name: Name, inputs: ArrayInputs, config: Partial<C
         rolloutLogProbs:
           inputs.rolloutLogProbs === undefined ? undefined : Matrix.toTensor(inputs.rolloutLogProbs, "rolloutLogProbs")
       },
-      config
+      options
     )
   )
   return (await Diagnostics.read({ loss: out.loss, ...out.metrics })) as Values

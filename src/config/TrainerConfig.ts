@@ -7,7 +7,28 @@ export const advantageEstimators = ["grpo", "rloo", "reinforce++", "gae", "maxrl
 /** SkyRL's `kl_estimator_type` values: every estimator `Kl.approx` dispatches on (its `Estimator` type). */
 export const klEstimators = ["k1", "k2", "k3", "abs"] as const
 
-/** SkyRL's `trainer.algorithm` keys, same names and meanings. */
+/** SkyRL's `policy_loss_type` values: every loss `PolicyLoss` implements (its `Name` type). */
+export const policyLosses = ["regular", "dual_clip", "gspo", "cispo", "rollout_is", "sapo", "dppo"] as const
+
+/** SkyRL's `trainer.algorithm.sapo`: the soft gate's temperatures (arXiv:2511.20347; the paper's values). */
+export const SapoConfig = Schema.Struct({
+  tau_pos: Positive.pipe(withDefault(1)), // where Â > 0
+  tau_neg: Positive.pipe(withDefault(1.05)) // where Â ≤ 0
+})
+export type SapoConfig = typeof SapoConfig.Type
+
+/** SkyRL's `trainer.algorithm.dppo`: which divergence drops a token, and its thresholds (arXiv:2602.04879). */
+export const DppoConfig = Schema.Struct({
+  dppo_type: Schema.Literals(["binary_tv", "binary_kl"]).pipe(withDefault("binary_tv")),
+  delta_low: NonNegative.pipe(withDefault(0.2)), // where Â < 0 (SkyRL suggests 0.2 for binary_tv, 0.05 for binary_kl)
+  delta_high: NonNegative.pipe(withDefault(0.2)) // where Â > 0
+})
+export type DppoConfig = typeof DppoConfig.Type
+
+/**
+ * SkyRL's `trainer.algorithm` keys, same names and meanings; the only home of their defaults (the losses and
+ * estimators take fully-resolved options).
+ */
 export const AlgorithmConfig = Schema.Struct({
   advantage_estimator: Schema.Literals(advantageEstimators).pipe(withDefault("grpo")),
   grpo_norm_by_std: Schema.Boolean.pipe(withDefault(true)), // false = Dr. GRPO
@@ -15,14 +36,14 @@ export const AlgorithmConfig = Schema.Struct({
   gamma: Probability.pipe(withDefault(1)),
   lambd: Probability.pipe(withDefault(1)),
   value_clip: Positive.pipe(withDefault(0.2)), // PPO value clip of the GAE critic
-  policy_loss_type: Schema.Literals(["regular", "dual_clip", "gspo", "cispo", "rollout_is"]).pipe(
-    withDefault("regular")
-  ),
+  policy_loss_type: Schema.Literals(policyLosses).pipe(withDefault("regular")),
   eps_clip_low: NonNegative.pipe(withDefault(0.2)),
   eps_clip_high: NonNegative.pipe(withDefault(0.2)),
   clip_ratio_c: Schema.Finite.check(Schema.isGreaterThan(1)).pipe(withDefault(3)), // dual clip bound, > 1
   cispo_eps_clip_low: NonNegative.pipe(withDefault(1)), // offsets from 1 (SkyRL): IS weight clipped to [1 − low, 1 + high]
   cispo_eps_clip_high: NonNegative.pipe(withDefault(4)),
+  sapo: SapoConfig.pipe(withDefault({})), // policy_loss_type sapo
+  dppo: DppoConfig.pipe(withDefault({})), // policy_loss_type dppo
   loss_reduction: Schema.Literals(["token_mean", "sequence_mean", "seq_mean_token_sum_norm"]).pipe(
     withDefault("token_mean")
   ),

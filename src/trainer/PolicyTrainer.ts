@@ -35,7 +35,7 @@ import * as Kl from "../algo/Kl.ts"
 import type * as OffPolicyCorrection from "../algo/OffPolicyCorrection.ts"
 import * as PolicyLoss from "../algo/PolicyLoss.ts"
 import * as Reduction from "../algo/Reduction.ts"
-import type { TrainerConfig } from "../config/TrainerConfig.ts"
+import type { AlgorithmConfig, TrainerConfig } from "../config/TrainerConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
@@ -62,23 +62,55 @@ export interface Options {
   readonly maxSequenceLength?: number
 }
 
-const offPolicyConfig = (t: TrainerConfig): OffPolicyCorrection.Config =>
-  t.algorithm.off_policy_correction === "none"
+const offPolicyConfig = (a: AlgorithmConfig): OffPolicyCorrection.Config =>
+  a.off_policy_correction === "none"
     ? {}
-    : t.algorithm.off_policy_correction === "token"
-      ? { tisRatioType: "token", tokenTisRatioClipHigh: t.algorithm.tis_imp_ratio_cap }
-      : { tisRatioType: "sequence", sequenceTisRatioClipHigh: t.algorithm.tis_imp_ratio_cap }
+    : a.off_policy_correction === "token"
+      ? { tisRatioType: "token", tokenTisRatioClipHigh: a.tis_imp_ratio_cap }
+      : { tisRatioType: "sequence", sequenceTisRatioClipHigh: a.tis_imp_ratio_cap }
 
-const lossConfig = (t: TrainerConfig): Partial<PolicyLoss.Config> => ({
-  epsClipLow: t.algorithm.eps_clip_low,
-  epsClipHigh: t.algorithm.eps_clip_high,
-  clipRatioC: t.algorithm.clip_ratio_c,
-  lossReduction: t.algorithm.loss_reduction,
-  maxSeqLen: t.algorithm.max_seq_len,
-  cispoEpsClipLow: t.algorithm.cispo_eps_clip_low,
-  cispoEpsClipHigh: t.algorithm.cispo_eps_clip_high,
-  offPolicyCorrection: offPolicyConfig(t)
-})
+/**
+ * The policy loss `policy_loss_type` names, its options read from `trainer.algorithm` (whose schema holds every
+ * default) and `maxSeqLen`, seq_mean_token_sum_norm's divisor.
+ */
+export const policyLoss = (
+  a: AlgorithmConfig,
+  maxSeqLen: number | undefined
+): ((inputs: PolicyLoss.Inputs) => PolicyLoss.Output) => {
+  const reduce: PolicyLoss.ReduceOptions = {
+    lossReduction: a.loss_reduction,
+    maxSeqLen,
+    offPolicyCorrection: offPolicyConfig(a)
+  }
+  const clip: PolicyLoss.ClipOptions = { ...reduce, epsClipLow: a.eps_clip_low, epsClipHigh: a.eps_clip_high }
+  switch (a.policy_loss_type) {
+    case "regular":
+      return (inputs) => PolicyLoss.regular(inputs, clip)
+    case "dual_clip":
+      return (inputs) => PolicyLoss.dualClip(inputs, { ...clip, clipRatioC: a.clip_ratio_c })
+    case "gspo":
+      return (inputs) => PolicyLoss.gspo(inputs, clip)
+    case "cispo":
+      return (inputs) =>
+        PolicyLoss.cispo(inputs, {
+          ...reduce,
+          cispoEpsClipLow: a.cispo_eps_clip_low,
+          cispoEpsClipHigh: a.cispo_eps_clip_high
+        })
+    case "rollout_is":
+      return (inputs) => PolicyLoss.rolloutIs(inputs, clip)
+    case "sapo":
+      return (inputs) => PolicyLoss.sapo(inputs, { ...reduce, tauPos: a.sapo.tau_pos, tauNeg: a.sapo.tau_neg })
+    case "dppo":
+      return (inputs) =>
+        PolicyLoss.dppo(inputs, {
+          ...reduce,
+          dppoType: a.dppo.dppo_type,
+          deltaLow: a.dppo.delta_low,
+          deltaHigh: a.dppo.delta_high
+        })
+  }
+}
 
 /** Token log-probs of a micro-batch under `model`, no gradient, as plain arrays (downloaded asynchronously). */
 const logProbsOf = async (
@@ -103,7 +135,8 @@ const stopGradient = <T extends tf.Tensor>(x: T): T =>
 
 /** The trainer's loss terms, from the config. */
 export interface LossOptions {
-  readonly trainer: TrainerConfig
+  readonly algorithm: AlgorithmConfig // the KL and entropy terms
+  readonly policyLoss: (inputs: PolicyLoss.Inputs) => PolicyLoss.Output // policyLoss(algorithm, …)
   readonly temperature: number
 }
 
@@ -135,7 +168,7 @@ export const microBatchGrads = async (
   readonly metrics: Record<string, tf.Scalar>
   readonly old?: Array<Array<number>>
 }> => {
-  const algo = options.trainer.algorithm
+  const algo = options.algorithm
   const { micro, share, klShare } = input
   const L = micro.length
   const rows = (x: Array<Array<number>>) => x.map((r) => r.slice(0, L))
@@ -165,17 +198,13 @@ export const microBatchGrads = async (
               sampled
             )
           : sampled
-        const out = PolicyLoss.loss(
-          algo.policy_loss_type,
-          {
-            logProbs: logprobs,
-            oldLogProbs,
-            advantages: tf.tensor2d(micro.advantages),
-            lossMask,
-            rolloutLogProbs
-          },
-          lossConfig(options.trainer)
-        )
+        const out = options.policyLoss({
+          logProbs: logprobs,
+          oldLogProbs,
+          advantages: tf.tensor2d(micro.advantages),
+          lossMask,
+          rolloutLogProbs
+        })
         const entropyMean = Reduction.maskedMean(entropy!, lossMask)
         let total: tf.Scalar = tf.mul(out.loss, share)
         const metrics: Record<string, tf.Scalar> = {
@@ -279,7 +308,11 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     ...(options.maxSequenceLength === undefined ? {} : { maxSequenceLength: options.maxSequenceLength })
   }
 
-  const lossOptions: LossOptions = { trainer: t, temperature: options.temperature }
+  const lossOptions: LossOptions = {
+    algorithm: algo,
+    policyLoss: policyLoss(algo, algo.max_seq_len),
+    temperature: options.temperature
+  }
   /** Lets the event loop run (I/O, other fibers) between two synchronous pieces of a step. */
   const breathe = Effect.yieldNow
 

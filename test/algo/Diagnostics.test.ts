@@ -35,7 +35,8 @@ describe("Diagnostics.variableGrads", () => {
     const logProbs = tf.variable(initial)
     const inputs = { logProbs, oldLogProbs: t2([[0, 0]]), advantages: t2([[1, -1]]), lossMask: t2([[1, 1]]) }
     const before = tf.memory().numTensors
-    const result = Diagnostics.variableGrads(() => PolicyLoss.loss("cispo", inputs), [logProbs])
+    const options = { lossReduction: "token_mean", cispoEpsClipLow: 1, cispoEpsClipHigh: 4 } as const
+    const result = Diagnostics.variableGrads(() => PolicyLoss.loss("cispo", inputs, options), [logProbs])
     Diagnostics.dispose(result)
     assert.strictEqual(tf.memory().numTensors, before)
     tf.dispose([initial, ...Object.values(inputs)])

@@ -1,4 +1,4 @@
-import { assert, describe, expect, it } from "@effect/vitest"
+import { describe, expect, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import { assertClose, assertNoLeak, t2 } from "./assertions.ts"
@@ -6,10 +6,10 @@ import { assertClose, assertNoLeak, t2 } from "./assertions.ts"
 type Rows = Array<Array<number>>
 
 /** Loss value and gradient d loss / d log π_θ, through tf.variableGrads. */
-const lossAndGrad = (
-  name: PolicyLoss.Name,
+const lossAndGrad = <N extends PolicyLoss.Name>(
+  name: N,
   data: { logProbs: Rows; oldLogProbs: Rows; advantages: Rows; lossMask?: Rows; rolloutLogProbs?: Rows },
-  config: Partial<PolicyLoss.Config>
+  options: PolicyLoss.Options[N]
 ): { loss: number; grad: Rows } => {
   const initial = t2(data.logProbs)
   const logProbs = tf.variable(initial)
@@ -20,13 +20,30 @@ const lossAndGrad = (
     lossMask: t2(data.lossMask ?? data.logProbs.map((row) => row.map(() => 1))),
     rolloutLogProbs: data.rolloutLogProbs === undefined ? undefined : t2(data.rolloutLogProbs)
   }
-  const { value, grads } = tf.variableGrads(() => PolicyLoss.loss(name, inputs, config).loss, [logProbs])
+  const { value, grads } = tf.variableGrads(() => PolicyLoss.loss(name, inputs, options).loss, [logProbs])
   const out = { loss: value.dataSync()[0]!, grad: grads[logProbs.name]!.arraySync() as Rows }
   tf.dispose([value, grads, initial, logProbs, ...Object.values(inputs).filter((x) => x !== undefined)])
   return out
 }
 
-const sum = { lossReduction: "sum" } as const
+// SkyRL's PPO band ε 0.2/0.2, losses summed over tokens: the worked numbers below are for it
+const sum = { lossReduction: "sum", epsClipLow: 0.2, epsClipHigh: 0.2 } as const
+
+/** Every loss's options at once (each loss reads its own): SkyRL's values, with `lossReduction` to choose. */
+const every = (lossReduction: PolicyLoss.ReduceOptions["lossReduction"]) =>
+  ({
+    lossReduction,
+    epsClipLow: 0.2,
+    epsClipHigh: 0.2,
+    clipRatioC: 3,
+    cispoEpsClipLow: 1,
+    cispoEpsClipHigh: 4,
+    tauPos: 1,
+    tauNeg: 1.05,
+    dppoType: "binary_tv",
+    deltaLow: 0.2,
+    deltaHigh: 0.2
+  }) as const
 
 // SkyRL's shared fixture (from NeMo-RL): ρ = exp(log π − log π_old) ≈ [0.5, 1.0, 10.0]
 const nemo = {
@@ -78,8 +95,8 @@ describe("PolicyLoss.regular", () => {
         [1, 0, 0]
       ]
     }
-    const loss = async (lossReduction: PolicyLoss.Config["lossReduction"]) =>
-      (await PolicyLoss.compute("regular", data, { lossReduction, maxSeqLen: 3 })).loss
+    const loss = async (lossReduction: PolicyLoss.ReduceOptions["lossReduction"]) =>
+      (await PolicyLoss.compute("regular", data, { ...sum, lossReduction, maxSeqLen: 3 })).loss
     assertClose(
       [await loss("token_mean"), await loss("sequence_mean"), await loss("seq_mean_token_sum_norm"), await loss("sum")],
       [-2, -2.25, -1, -6],
@@ -233,7 +250,7 @@ describe("PolicyLoss.sapo", () => {
         advantages: [[1, -1, 0.5]],
         lossMask: [[1, 1, 1]]
       },
-      { ...sum, sapoTauPos: 1, sapoTauNeg: 2 }
+      { ...sum, tauPos: 1, tauNeg: 2 }
     )
     assertClose([values.loss, values.clipRatio], [-1.3461294, 0], 1e-5)
   })
@@ -251,7 +268,7 @@ describe("PolicyLoss.dppo", () => {
         lossMask: lp.map((row) => row.map(() => 1)),
         rolloutLogProbs: rollout
       },
-      { ...sum, dppoType, dppoDeltaLow: delta, dppoDeltaHigh: delta }
+      { ...sum, dppoType, deltaLow: delta, deltaHigh: delta }
     )
 
   it("binary_tv drops tokens whose probability moved past δ in the advantage's direction", async () => {
@@ -339,7 +356,7 @@ describe("PolicyLoss off-policy correction", () => {
           [1, 1]
         ]
       },
-      { lossReduction: "token_mean", offPolicyCorrection: { outlierTokenIsThresholdHigh: 100 } }
+      { ...sum, lossReduction: "token_mean", offPolicyCorrection: { outlierTokenIsThresholdHigh: 100 } }
     )
     assertClose([values.loss, values.outlierSeqMaskedRatio!], [-0.5, 0.5], 1e-6)
   })
@@ -390,7 +407,7 @@ describe("PolicyLoss gradients", () => {
 
   for (const name of ["regular", "dual_clip", "sapo", "dppo"] as const) {
     it(`${name}: tf.variableGrads matches finite differences (h = 1e-3)`, async () => {
-      const config = { lossReduction: "sequence_mean", clipRatioC: 1.5, dppoDeltaLow: 0.5, dppoDeltaHigh: 0.5 } as const
+      const config = { ...every("sequence_mean"), clipRatioC: 1.5, deltaLow: 0.5, deltaHigh: 0.5 } as const
       const { grad } = lossAndGrad(name, data, config)
       const h = 1e-3
       const numeric = await Promise.all(
@@ -435,28 +452,14 @@ describe("PolicyLoss memory", () => {
       tokenMaskIsThresholdHigh: 10
     } as const
     for (const name of ["regular", "dual_clip", "gspo", "cispo", "rollout_is", "sapo", "dppo"] as const) {
-      assertNoLeak(() => PolicyLoss.loss(name, inputs, {}))
-      assertNoLeak(() =>
-        PolicyLoss.loss(name, inputs, { lossReduction: "sequence_mean", offPolicyCorrection: correction })
-      )
+      assertNoLeak(() => PolicyLoss.loss(name, inputs, every("token_mean")))
+      assertNoLeak(() => PolicyLoss.loss(name, inputs, { ...every("sequence_mean"), offPolicyCorrection: correction }))
     }
     tf.dispose(Object.values(inputs))
   })
 })
 
 describe("PolicyLoss.compute", () => {
-  it("starts from SkyRL's defaults: ε 0.2/0.2, c 3, token_mean, CISPO bounds [0, 5]", () => {
-    assert.deepInclude(PolicyLoss.defaults, {
-      epsClipLow: 0.2,
-      epsClipHigh: 0.2,
-      clipRatioC: 3,
-      lossReduction: "token_mean",
-      cispoEpsClipLow: 1,
-      cispoEpsClipHigh: 4,
-      cispoAnchor: "old"
-    })
-  })
-
   it("names the ragged argument", async () => {
     await expect(PolicyLoss.compute("regular", { ...nemo, advantages: [[1, 2]] }, sum)).rejects.toThrow(
       /advantages must have the shape of logProbs/

@@ -9,11 +9,41 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import * as Advantages from "../../src/algo/Advantages.ts"
 import * as Kl from "../../src/algo/Kl.ts"
+import type * as OffPolicyCorrection from "../../src/algo/OffPolicyCorrection.ts"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
+import type * as Reduction from "../../src/algo/Reduction.ts"
 import * as ValueLoss from "../../src/algo/ValueLoss.ts"
 import { assertClose, t2 } from "./assertions.ts"
 
 type Rows = Array<Array<number>>
+
+/** One case's SkyRL `AlgorithmConfig`, camelCased and flat, as skyrl-golden.py writes it: every loss's options. */
+interface GoldenConfig {
+  readonly epsClipLow: number
+  readonly epsClipHigh: number
+  readonly clipRatioC: number
+  readonly lossReduction: Reduction.Reduction
+  readonly maxSeqLen: number
+  readonly cispoEpsClipLow: number
+  readonly cispoEpsClipHigh: number
+  readonly cispoAnchor: "old" | "rollout"
+  readonly sapoTauPos: number
+  readonly sapoTauNeg: number
+  readonly dppoType: "binary_tv" | "binary_kl"
+  readonly dppoDeltaLow: number
+  readonly dppoDeltaHigh: number
+  readonly offPolicyCorrection: OffPolicyCorrection.Config
+}
+
+/** The options of every loss from a golden config (each loss reads its own). */
+const optionsOf = (c: GoldenConfig) => ({
+  ...c,
+  tauPos: c.sapoTauPos,
+  tauNeg: c.sapoTauNeg,
+  deltaLow: c.dppoDeltaLow,
+  deltaHigh: c.dppoDeltaHigh
+})
+
 interface Golden {
   readonly inputs: ReadonlyArray<{
     logProbs: Rows
@@ -25,7 +55,7 @@ interface Golden {
   readonly losses: ReadonlyArray<{
     set: number
     name: PolicyLoss.Name
-    config: Partial<PolicyLoss.Config>
+    config: GoldenConfig
     loss: number
     grad: Rows
     metrics: Record<string, number>
@@ -74,7 +104,7 @@ export const describeAgainstSkyrl = (backend: string): void => {
           const out = PolicyLoss.loss(
             c.name,
             { logProbs, oldLogProbs, advantages, lossMask, rolloutLogProbs },
-            c.config
+            optionsOf(c.config)
           )
           metrics = Object.fromEntries(Object.entries(out.metrics).map(([k, v]) => [k, v.dataSync()[0]!]))
           return out.loss

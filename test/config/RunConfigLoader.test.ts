@@ -96,6 +96,44 @@ describe("RunConfigLoader", () => {
   )
 })
 
+describe("TrainerConfig", () => {
+  it.effect(
+    "holds SkyRL's loss defaults: ε 0.2/0.2, c 3, token_mean, CISPO [0, 5], SAPO τ 1/1.05, DPPO binary_tv 0.2",
+    () =>
+      Effect.gen(function* () {
+        const { algorithm } = (yield* RunConfigLoader.fromObject(base)).trainer
+        assert.deepInclude(algorithm, {
+          policy_loss_type: "regular",
+          eps_clip_low: 0.2,
+          eps_clip_high: 0.2,
+          clip_ratio_c: 3,
+          loss_reduction: "token_mean",
+          cispo_eps_clip_low: 1,
+          cispo_eps_clip_high: 4
+        })
+        assert.deepStrictEqual(algorithm.sapo, { tau_pos: 1, tau_neg: 1.05 })
+        assert.deepStrictEqual(algorithm.dppo, { dppo_type: "binary_tv", delta_low: 0.2, delta_high: 0.2 })
+      })
+  )
+
+  it.effect("selects every ported loss by policy_loss_type, SAPO's and DPPO's parameters under SkyRL's keys", () =>
+    Effect.gen(function* () {
+      const sapo = yield* RunConfigLoader.fromObject(base, [
+        "trainer.algorithm.policy_loss_type=sapo",
+        "trainer.algorithm.sapo.tau_neg=2"
+      ])
+      assert.strictEqual(sapo.trainer.algorithm.policy_loss_type, "sapo")
+      assert.strictEqual(sapo.trainer.algorithm.sapo.tau_neg, 2)
+      const dppo = yield* RunConfigLoader.fromObject(base, [
+        "trainer.algorithm.policy_loss_type=dppo",
+        "trainer.algorithm.dppo.dppo_type=binary_kl",
+        "trainer.algorithm.dppo.delta_low=0.05"
+      ])
+      assert.deepStrictEqual(dppo.trainer.algorithm.dppo, { dppo_type: "binary_kl", delta_low: 0.05, delta_high: 0.2 })
+    })
+  )
+})
+
 describe("ConfigView.redact", () => {
   it("shows whether a secret reference is set, never its value, and hides secret-looking record values", () => {
     const view = ConfigView.redact(

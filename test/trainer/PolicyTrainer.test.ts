@@ -1,6 +1,7 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import { Effect, Logger } from "effect"
+import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
@@ -141,6 +142,93 @@ describe("PolicyTrainer", () => {
     })
   )
 
+  for (const loss of ["sapo", "dppo"] as const) {
+    it.effect(`trains with trainer.algorithm.policy_loss_type ${loss}: finite loss, moving weights`, () =>
+      Effect.gen(function* () {
+        const layer = yield* setup([`trainer.algorithm.policy_loss_type=${loss}`])
+        yield* Effect.gen(function* () {
+          const trainer = yield* Trainer
+          const { model } = yield* PolicyModel.PolicyModel
+          const weights = () => Transformer.trainableVariables(model).map((v) => Array.from(v.dataSync()))
+          const before = weights()
+          const goodBefore = yield* sequenceLogProb(model, [5, 6, 7])
+          for (let i = 0; i < 3; i++) {
+            const result = yield* trainer.step(groups(2))
+            assert.isTrue(Number.isFinite(result.metrics["loss/policy"]), `step ${i + 1}: loss/policy`)
+            assert.isTrue(Number.isFinite(result.metrics["policy/grad_norm"]), `step ${i + 1}: grad_norm`)
+          }
+          const moved = weights().reduce(
+            (max, w, i) => w.reduce((m, x, j) => Math.max(m, Math.abs(x - before[i]![j]!)), max),
+            0
+          )
+          assert.isAbove(moved, 1e-4)
+          assert.isAbove(yield* sequenceLogProb(model, [5, 6, 7]), goodBefore) // toward the rewarded answer
+        }).pipe(Effect.provide(layer))
+      })
+    )
+  }
+
+  it.effect("policyLoss resolves each loss's parameters from trainer.algorithm, sapo.* and dppo.* included", () =>
+    Effect.gen(function* () {
+      const data = {
+        logProbs: [[-1.2, -0.6, -2.0, -1.0]],
+        oldLogProbs: [[-1.0, -1.0, -1.5, -1.1]],
+        rolloutLogProbs: [[-1.1, -0.9, -1.6, -1.0]],
+        advantages: [[1, -2, 0.5, -0.3]],
+        lossMask: [[1, 1, 1, 0]]
+      }
+      const inputs = {
+        logProbs: tf.tensor2d(data.logProbs),
+        oldLogProbs: tf.tensor2d(data.oldLogProbs),
+        rolloutLogProbs: tf.tensor2d(data.rolloutLogProbs),
+        advantages: tf.tensor2d(data.advantages),
+        lossMask: tf.tensor2d(data.lossMask)
+      }
+      // every parameter off its default, so a parameter left unread would show
+      const reduce = {
+        lossReduction: "seq_mean_token_sum_norm",
+        maxSeqLen: 12,
+        offPolicyCorrection: { tisRatioType: "sequence", sequenceTisRatioClipHigh: 3 }
+      } as const
+      const clip = { ...reduce, epsClipLow: 0.1, epsClipHigh: 0.3 }
+      const expected: { readonly [N in PolicyLoss.Name]: PolicyLoss.Options[N] } = {
+        regular: clip,
+        dual_clip: { ...clip, clipRatioC: 2.5 },
+        gspo: clip,
+        cispo: { ...reduce, cispoEpsClipLow: 0.5, cispoEpsClipHigh: 2 },
+        rollout_is: clip,
+        sapo: { ...reduce, tauPos: 0.8, tauNeg: 1.3 },
+        dppo: { ...reduce, dppoType: "binary_kl", deltaLow: 0.01, deltaHigh: 0.02 }
+      }
+      for (const name of Object.keys(expected) as Array<PolicyLoss.Name>) {
+        const config = yield* RunConfigLoader.fromObject({ model: { init: tinyInit }, tokenizer: { kind: "byte" } }, [
+          `trainer.algorithm.policy_loss_type=${name}`,
+          "trainer.algorithm.loss_reduction=seq_mean_token_sum_norm",
+          "trainer.algorithm.max_seq_len=12",
+          "trainer.algorithm.off_policy_correction=sequence",
+          "trainer.algorithm.tis_imp_ratio_cap=3",
+          "trainer.algorithm.eps_clip_low=0.1",
+          "trainer.algorithm.eps_clip_high=0.3",
+          "trainer.algorithm.clip_ratio_c=2.5",
+          "trainer.algorithm.cispo_eps_clip_low=0.5",
+          "trainer.algorithm.cispo_eps_clip_high=2",
+          "trainer.algorithm.sapo.tau_pos=0.8",
+          "trainer.algorithm.sapo.tau_neg=1.3",
+          "trainer.algorithm.dppo.dppo_type=binary_kl",
+          "trainer.algorithm.dppo.delta_low=0.01",
+          "trainer.algorithm.dppo.delta_high=0.02"
+        ])
+        const resolved = PolicyTrainer.policyLoss(config.trainer.algorithm, config.trainer.algorithm.max_seq_len)
+        const [got, want] = [resolved(inputs), PolicyLoss.loss(name, inputs, expected[name])]
+        const [a, b] = [got.loss.dataSync()[0]!, want.loss.dataSync()[0]!]
+        assert.isTrue(Number.isFinite(a) && Math.abs(a - b) <= 1e-7, `${name}: ${a} vs ${b}`)
+        assert.deepStrictEqual(Object.keys(got.metrics).sort(), Object.keys(want.metrics).sort(), name)
+        tf.dispose([got.loss, want.loss, ...Object.values(got.metrics), ...Object.values(want.metrics)])
+      }
+      tf.dispose(Object.values(inputs))
+    })
+  )
+
   it.effect("rejects use_kl_loss without a reference policy, naming trainer.ref", () =>
     Effect.gen(function* () {
       const layer = yield* setup(["trainer.algorithm.use_kl_loss=true"])
@@ -152,7 +240,7 @@ describe("PolicyTrainer", () => {
 
   it.effect("π_old = sg(log π_θ) on the first mini-batch: same loss and gradients as a separate π_old pass", () =>
     Effect.gen(function* () {
-      const losses = ["regular", "dual_clip", "gspo", "cispo", "rollout_is"] as const
+      const losses = ["regular", "dual_clip", "gspo", "cispo", "rollout_is", "sapo", "dppo"] as const
       for (const loss of losses) {
         for (const tis of ["token", "sequence"] as const) {
           const layer = yield* setup([
@@ -169,11 +257,10 @@ describe("PolicyTrainer", () => {
               { model: { init: tinyInit }, tokenizer: { kind: "byte" } },
               [`trainer.algorithm.policy_loss_type=${loss}`, `trainer.algorithm.off_policy_correction=${tis}`]
             )
+            const algorithm = { ...config.trainer.algorithm, use_kl_loss: true, use_entropy_loss: true }
             const options = {
-              trainer: {
-                ...config.trainer,
-                algorithm: { ...config.trainer.algorithm, use_kl_loss: true, use_entropy_loss: true }
-              },
+              algorithm,
+              policyLoss: PolicyTrainer.policyLoss(algorithm, algorithm.max_seq_len),
               temperature: 0.7
             }
             const batch = TrainingBatch.build(offPolicy(groups(1)), {
