@@ -1,10 +1,10 @@
 /**
  * Real MCP servers for the env tests: the bundled toolbox, the reference servers installed from npm, and the
- * faulty fixture. Each returns a decoded `McpServerConfig`.
+ * faulty and chaos fixtures. Each returns a decoded `McpServerConfig`.
  */
 
 import { spawn } from "node:child_process"
-import { mkdtempSync, readFileSync } from "node:fs"
+import { mkdtempSync, readdirSync, readFileSync } from "node:fs"
 import { createServer } from "node:net"
 import { tmpdir } from "node:os"
 import { join, resolve } from "node:path"
@@ -41,6 +41,11 @@ export const faulty = (dir: string, extra: Record<string, unknown> = {}) =>
       ...(extra["env"] as Record<string, string> | undefined)
     }
   })
+
+export const chaosScript = join(root, "test/fixtures/ChaosMcpServer.ts")
+/** The chaos fixture (the toolbox's tools with injected faults); `env` sets its CHAOS_* rates. */
+export const chaos = (env: Record<string, string>, extra: Record<string, unknown> = {}) =>
+  config({ name: "chaos", command: "node", args: [chaosScript], env, ...extra })
 
 export const cancelProbeScript = join(root, "test/env/CancelProbeServer.ts")
 /** `wait` answers only when cancelled, and logs `started` / `cancelled` to `log`. */
@@ -133,6 +138,26 @@ export const alive = (pid: number): boolean => {
   } catch {
     return true // no /proc (macOS): kill(0) is all we can know
   }
+}
+
+/** The pids of the live processes in process group `pgid` (Linux: read from /proc; elsewhere none are found). */
+export const groupMembers = (pgid: number): ReadonlyArray<number> => {
+  let entries: Array<string>
+  try {
+    entries = readdirSync("/proc").filter((e) => /^\d+$/.test(e))
+  } catch {
+    return []
+  }
+  return entries.flatMap((e) => {
+    try {
+      const stat = readFileSync(`/proc/${e}/stat`, "utf8")
+      // after the command's ")": state ppid pgrp ...
+      const [state, , pgrp] = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+      return Number(pgrp) === pgid && state !== "Z" ? [Number(e)] : []
+    } catch {
+      return [] // gone while we looked
+    }
+  })
 }
 
 /** The lines of a text file; none when it does not exist yet. */
