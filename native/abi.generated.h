@@ -1,5 +1,5 @@
-// Generated from src/native/Abi.ts by `node native/generate-abi.mjs`: do not edit. Change the table, run that, and
-// rebuild (`node native/install.mjs`); test/native/Abi.test.ts fails while this file is stale.
+// Generated from src/native/Abi.ts by `node native/generate-abi.mjs` (install.mjs runs it too): do not edit.
+// Change the table, run that, rebuild (`node native/install.mjs`); test/native/Abi.test.ts fails while this is stale.
 //
 // Per exported function F: FArgs, its arguments by name; unpack(), which fills FArgs from the call in the table's
 // order and fails the call on a wrong argument count or type; and F, the kernel, defined in one of native/*.cc.

@@ -83,6 +83,16 @@ const ensureOpenBlas = () => {
   return `apt-get failed: ${why}`
 }
 
+// abi.generated.h is committed, but rendered afresh from the ABI table (src/native/Abi.ts) when this Node runs
+// TypeScript, so an edited table is never built against a stale header. Without TypeScript (or src/), the committed
+// header is built; an addon that disagrees with the table is then refused at load (its ABI hash differs).
+const refreshAbiHeader = () => {
+  const result = run(process.execPath, [join(nativeDir, "generate-abi.mjs")], process.env, 30_000)
+  if (result.status === 0) return (result.stdout ?? "").includes("wrote") ? "regenerated" : "current"
+  const why = (result.stderr ?? String(result.error ?? "")).trim().split("\n")[0]
+  return `committed (not regenerated: ${why})`
+}
+
 const main = () => {
   if (process.env["EFFECT_RL_SKIP_NATIVE"] === "1") {
     writeStatus({ ok: false, reason: "skipped: EFFECT_RL_SKIP_NATIVE=1" })
@@ -98,6 +108,7 @@ const main = () => {
     writeStatus({ ok: false, reason: "no local Node headers (include/node/node_api.h); install nodejs headers" })
     return
   }
+  const abiHeader = refreshAbiHeader()
   const openblas = ensureOpenBlas()
   const blas = blasHere()
   const result = spawnSync(process.execPath, [nodeGyp, "rebuild", `--nodedir=${nodeDir}`], {
@@ -109,12 +120,12 @@ const main = () => {
   const log = `${result.stdout ?? ""}\n${result.stderr ?? ""}`
   const built = join(nativeDir, "build", "Release", "effect_rl_kernels.node")
   if (result.status === 0 && existsSync(built)) {
-    writeStatus({ ok: true, addon: built, blas, openblas })
+    writeStatus({ ok: true, addon: built, blas, openblas, abiHeader })
     console.log(`effect-rl: native kernels built (${built}; BLAS: ${blas === "openblas" ? "OpenBLAS" : `built-in SGEMM, OpenBLAS ${openblas}`})`)
   } else {
     const lastLines = log.trim().split("\n").slice(-15).join("\n")
     const reason = result.error ? String(result.error) : `node-gyp exited with ${result.status}`
-    writeStatus({ ok: false, reason, log: lastLines, blas, openblas })
+    writeStatus({ ok: false, reason, log: lastLines, blas, openblas, abiHeader })
     console.warn(`effect-rl: native kernels not built (${reason}); tfjs stock kernels will be used.\n${lastLines}`)
   }
 }
