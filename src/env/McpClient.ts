@@ -55,6 +55,7 @@ import {
 } from "@modelcontextprotocol/sdk/types.js"
 import { Config, Context, Effect, Layer, Queue, Redacted, Schedule, Schema, Scope, Semaphore } from "effect"
 import type { EnvironmentConfig, McpOAuthConfig, McpServerConfig } from "../config/EnvironmentConfig.ts"
+import * as ProcessReaper from "../mcp/ProcessReaper.ts"
 
 // ---- errors -----------------------------------------------------------------------------------------------------
 
@@ -286,7 +287,10 @@ class ChildStdioTransport implements Transport {
         this.onerror?.(error)
       })
       child.once("spawn", () => {
-        if (child.pid !== undefined) liveGroups.add(child.pid)
+        if (child.pid !== undefined) {
+          liveGroups.add(child.pid)
+          ProcessReaper.register(child.pid) // killed even if this process is SIGKILLed
+        }
         resolve()
       })
       child.once("exit", (code, signal) => {
@@ -294,6 +298,7 @@ class ChildStdioTransport implements Transport {
         if (child.pid !== undefined) {
           liveGroups.delete(child.pid)
           killGroup(child.pid, "SIGKILL") // whatever the server left behind in its group
+          ProcessReaper.forget(child.pid)
         }
       })
       child.once("close", () => this.onclose?.())
