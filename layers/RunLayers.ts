@@ -14,7 +14,7 @@ import { Config, Effect, Layer, Option, Redacted, Stream } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import * as PipelineConfig from "../src/config/PipelineConfig.ts"
-import type { RunConfig } from "../src/config/RunConfig.ts"
+import { derive, type RunConfig } from "../src/config/RunConfig.ts"
 import { ConfigError } from "../src/domain/Errors.ts"
 import type { ToolCallRecord } from "../src/domain/ToolCall.ts"
 import * as EnvRegistry from "../src/env/EnvRegistry.ts"
@@ -176,19 +176,9 @@ const weightSyncOf = (c: RunConfig, runDir: string) =>
     }
   })
 
-/** The policy trainer as the config describes it; `totalSteps` sets the LR schedule and the KL controller. */
+/** The policy trainer: its `trainer` section and the values derived from the others; `totalSteps` sets the LR schedule. */
 const trainerLayer = (c: RunConfig, totalSteps: number) =>
-  PolicyTrainer.layer({
-    trainer: c.trainer,
-    samplesPerPrompt: c.generator.n_samples_per_prompt,
-    temperature: c.generator.sampling.temperature > 0 ? c.generator.sampling.temperature : 1,
-    totalSteps,
-    zeroRewardOnNonStop: c.generator.zero_reward_on_non_stop,
-    overlongFiltering: c.generator.apply_overlong_filtering,
-    zeroVarianceFilter: c.generator.zero_variance_filter,
-    stepWise: c.generator.step_wise,
-    maxSequenceLength: c.generator.max_input_length
-  })
+  PolicyTrainer.layer({ trainer: c.trainer, derived: derive(c), totalSteps })
 
 /** Checkpoints under the run directory, each with the run's tokenizer files. */
 const checkpointerLayer = (c: RunConfig, runDir: string) =>

@@ -30,9 +30,6 @@ export const GeneratorConfig = Schema.Struct({
   eval_sampling: SamplingConfig.pipe(withDefault({ temperature: 0 })),
   eval_n_samples_per_prompt: PositiveInt.pipe(withDefault(1)),
   step_wise: Schema.Boolean.pipe(withDefault(false)), // one training row per turn (templates that rewrite history)
-  zero_variance_filter: Schema.Boolean.pipe(withDefault(false)),
-  apply_overlong_filtering: Schema.Boolean.pipe(withDefault(true)), // zero the loss mask of overlong/length
-  zero_reward_on_non_stop: Schema.Boolean.pipe(withDefault(false)),
   seed: NonNegativeInt.pipe(withDefault(0)),
   engine: EngineConfig.pipe(withDefault({}))
 })

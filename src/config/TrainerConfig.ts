@@ -47,7 +47,7 @@ export const AlgorithmConfig = Schema.Struct({
   loss_reduction: Schema.Literals(["token_mean", "sequence_mean", "seq_mean_token_sum_norm"]).pipe(
     withDefault("token_mean")
   ),
-  max_seq_len: Schema.optionalKey(PositiveInt), // seq_mean_token_sum_norm divisor; default: context length
+  max_seq_len: Schema.optionalKey(PositiveInt), // seq_mean_token_sum_norm divisor; absent: RunConfig.derive's
   use_kl_loss: Schema.Boolean.pipe(withDefault(false)),
   kl_loss_coef: NonNegative.pipe(withDefault(0.001)),
   use_kl_in_reward: Schema.Boolean.pipe(withDefault(false)),
@@ -59,7 +59,12 @@ export const AlgorithmConfig = Schema.Struct({
   use_entropy_loss: Schema.Boolean.pipe(withDefault(false)),
   entropy_loss_coef: NonNegative.pipe(withDefault(0.01)),
   off_policy_correction: Schema.Literals(["none", "token", "sequence"]).pipe(withDefault("token")), // TIS level
-  tis_imp_ratio_cap: Positive.pipe(withDefault(2))
+  tis_imp_ratio_cap: Positive.pipe(withDefault(2)),
+  // Filters applied when the training batch is built (TrainingBatch.ts). Their old generator.* paths are still read,
+  // with a warning (RunConfig.movedKeys). SkyRL has zero_variance_filter here too.
+  zero_reward_on_non_stop: Schema.Boolean.pipe(withDefault(false)), // reward 0 for a trajectory not ended `stop`
+  apply_overlong_filtering: Schema.Boolean.pipe(withDefault(true)), // zero the loss mask of overlong/length
+  zero_variance_filter: Schema.Boolean.pipe(withDefault(false)) // drop groups whose rewards are all equal
 })
 export type AlgorithmConfig = typeof AlgorithmConfig.Type
 

@@ -35,6 +35,7 @@ import * as Kl from "../algo/Kl.ts"
 import type * as OffPolicyCorrection from "../algo/OffPolicyCorrection.ts"
 import * as PolicyLoss from "../algo/PolicyLoss.ts"
 import * as Reduction from "../algo/Reduction.ts"
+import type * as RunConfig from "../config/RunConfig.ts"
 import type { AlgorithmConfig, TrainerConfig } from "../config/TrainerConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
@@ -49,17 +50,17 @@ import { PolicyModel } from "./PolicyModel.ts"
 import { type StepResult, Trainer, type TrainerState } from "./Trainer.ts"
 import * as TrainingBatch from "./TrainingBatch.ts"
 
+/** The values from other config sections the trainer needs, each computed once by `RunConfig.derive`. */
+export type Derived = Pick<
+  RunConfig.Derived,
+  "sequencesPerMiniBatch" | "miniBatchesPerStep" | "temperature" | "maxSequenceLength" | "lossMaxSeqLen"
+>
+
+/** The trainer's slice of the run: its config section, the derived values it needs, and the run's length. */
 export interface Options {
   readonly trainer: TrainerConfig
-  readonly samplesPerPrompt: number
-  readonly temperature: number // the sampling temperature (log-probs use logits / τ)
-  readonly totalSteps: number // for the cosine schedule and the adaptive KL controller
-  readonly zeroRewardOnNonStop: boolean
-  readonly overlongFiltering: boolean
-  readonly zeroVarianceFilter: boolean
-  readonly stepWise?: boolean
-  /** generator.max_input_length: rows longer than this are cut and masked, with a warning (TrainingBatch's guard) */
-  readonly maxSequenceLength?: number
+  readonly derived: Derived
+  readonly totalSteps: number // training steps of the run (set by the data): the learning-rate schedule's horizon
 }
 
 const offPolicyConfig = (a: AlgorithmConfig): OffPolicyCorrection.Config =>
@@ -71,11 +72,11 @@ const offPolicyConfig = (a: AlgorithmConfig): OffPolicyCorrection.Config =>
 
 /**
  * The policy loss `policy_loss_type` names, its options read from `trainer.algorithm` (whose schema holds every
- * default) and `maxSeqLen`, seq_mean_token_sum_norm's divisor.
+ * default) and `maxSeqLen`, seq_mean_token_sum_norm's divisor (RunConfig.derive's lossMaxSeqLen).
  */
 export const policyLoss = (
   a: AlgorithmConfig,
-  maxSeqLen: number | undefined
+  maxSeqLen: number
 ): ((inputs: PolicyLoss.Inputs) => PolicyLoss.Output) => {
   const reduce: PolicyLoss.ReduceOptions = {
     lossReduction: a.loss_reduction,
@@ -245,13 +246,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   const { model } = yield* PolicyModel
   const t = options.trainer
   const algo = t.algorithm
-  if (algo.advantage_estimator === "gae" && options.stepWise === true) {
-    return yield* new ConfigError({
-      path: "trainer.algorithm.advantage_estimator",
-      message:
-        "gae needs per-token values over one sequence: it cannot train step-wise trajectories (generator.step_wise)"
-    })
-  }
+  const derived = options.derived
   const needsRef = algo.use_kl_loss || algo.use_kl_in_reward
   if (needsRef && t.ref === "none") {
     return yield* new ConfigError({
@@ -302,16 +297,16 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     gamma: algo.gamma,
     lambd: algo.lambd,
     advantageBatchNormalize: algo.advantage_batch_normalize,
-    zeroRewardOnNonStop: options.zeroRewardOnNonStop,
-    overlongFiltering: options.overlongFiltering,
-    zeroVarianceFilter: options.zeroVarianceFilter,
-    ...(options.maxSequenceLength === undefined ? {} : { maxSequenceLength: options.maxSequenceLength })
+    zeroRewardOnNonStop: algo.zero_reward_on_non_stop,
+    overlongFiltering: algo.apply_overlong_filtering,
+    zeroVarianceFilter: algo.zero_variance_filter,
+    maxSequenceLength: derived.maxSequenceLength
   }
 
   const lossOptions: LossOptions = {
     algorithm: algo,
-    policyLoss: policyLoss(algo, algo.max_seq_len),
-    temperature: options.temperature
+    policyLoss: policyLoss(algo, derived.lossMaxSeqLen),
+    temperature: derived.temperature
   }
   /** Lets the event loop run (I/O, other fibers) between two synchronous pieces of a step. */
   const breathe = Effect.yieldNow
@@ -404,8 +399,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     }).pipe(Effect.ensuring(release))
   })
 
-  const updatesPerStep = () =>
-    t.update_epochs_per_batch * Math.max(1, Math.ceil(t.train_batch_size / t.policy_mini_batch_size))
+  const updatesPerStep = () => t.update_epochs_per_batch * derived.miniBatchesPerStep
 
   const step = Effect.fn("PolicyTrainer.step")(function* (sampled: ReadonlyArray<TrajectoryGroup>) {
     const started = yield* Clock.currentTimeMillis
@@ -426,19 +420,19 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     if (batch.truncated.length > 0) {
       const ids = [...new Set(batch.truncated)].join(", ")
       yield* Effect.logWarning(
-        `step ${stepIndex}: ${batch.truncated.length} training row(s) longer than ${options.maxSequenceLength} ` +
+        `step ${stepIndex}: ${batch.truncated.length} training row(s) longer than ${derived.maxSequenceLength} ` +
           `tokens were cut to it and masked (${ids}); the generator should have ended them overlong`
       )
     }
     const rows = batch.ids.length
-    const miniRows = t.policy_mini_batch_size * options.samplesPerPrompt
+    const miniRows = derived.sequencesPerMiniBatch
     const miniBatches = chunks(rows, miniRows)
     /** log-probs of every row under `m`, by mini-batch then micro-batch (the shapes the updates run on) */
     const passOver = (m: Transformer.Transformer, firstRow: number) =>
       Effect.map(
         Effect.forEach(
           miniBatches.flatMap(([a, b]) => (b <= firstRow ? [] : [[Math.max(a, firstRow), b] as const])),
-          ([a, b]) => perMicro(batch, a, b, (x) => logProbsOf(m, x, options.temperature))
+          ([a, b]) => perMicro(batch, a, b, (x) => logProbsOf(m, x, derived.temperature))
         ),
         (parts) => parts.flat()
       )

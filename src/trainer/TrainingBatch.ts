@@ -6,14 +6,14 @@
  * Every per-token array is aligned with `ids` (index t is token t): `lossMask` is 0 on the prompt, on template and
  * tool-output tokens and on padding; `advantages` and `rolloutLogProbs` are 0 wherever the mask is 0.
  *
- * Filters, in order:
+ * Filters, in order (`trainer.algorithm.*` keys):
  * 1. `zero_reward_on_non_stop`: a trajectory that did not end `stop` gets reward 0 (its turns' rewards zeroed).
  * 2. `apply_overlong_filtering`: `overlong` and `length` trajectories keep their reward but get an all-zero loss
  *    mask (DAPO's overlong filtering: truncation is not evidence about the policy).
  * 3. `zero_variance_filter`: groups whose rewards are all equal are dropped (they carry no GRPO signal).
  * Trajectories that ended `error` always get a zero loss mask: they are kept in the log, never trained on.
  *
- * Last-line guard, `maxSequenceLength` (generator.max_input_length): the generator never makes a trajectory longer
+ * Last-line guard, `maxSequenceLength` (RunConfig.derive's: generator.max_input_length): the generator never makes a trajectory longer
  * (AgentLoop cuts the prompt or observation that would overflow and ends it `overlong`), but a row longer than that
  * here (a bug elsewhere, an episode log from older code) is cut to it and gets a zero loss mask, and its trajectory
  * id is listed in `truncated` for the trainer to warn about: one such row must not take a step's forward pass down.
@@ -31,7 +31,7 @@ export interface Options {
   readonly zeroRewardOnNonStop: boolean
   readonly overlongFiltering: boolean
   readonly zeroVarianceFilter: boolean
-  /** the longest row trained on (generator.max_input_length); longer rows are cut to it and masked. None: no cap */
+  /** the longest row trained on (RunConfig.derive's); longer rows are cut to it and masked. None: no cap */
   readonly maxSequenceLength?: number
   /** KL in the reward: r_t ← r_t − coef · kl_t on loss tokens; `kl` is aligned with the rows' ids (from a first build) */
   readonly klPenalty?: { readonly kl: ReadonlyArray<ReadonlyArray<number>>; readonly coef: number }

@@ -1,7 +1,8 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
-import { Effect, FileSystem } from "effect"
+import { Effect, FileSystem, Logger, Schema } from "effect"
 import * as ConfigView from "../../src/config/ConfigView.ts"
+import * as RunConfig from "../../src/config/RunConfig.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 
 const base = { model: { init: { hidden_size: 32 } }, tokenizer: { kind: "byte" } }
@@ -96,6 +97,82 @@ describe("RunConfigLoader", () => {
   )
 })
 
+/** Runs `body` with a logger that keeps each message in `logs`. */
+const logged = <A, E>(body: Effect.Effect<A, E>) =>
+  Effect.gen(function* () {
+    const logs: Array<string> = []
+    const value = yield* body.pipe(
+      Effect.provide(Logger.layer([Logger.make((o) => void logs.push(String(o.message)))]))
+    )
+    return { value, logs }
+  })
+
+describe("RunConfig.movedKeys", () => {
+  const moved = [
+    ["generator.zero_reward_on_non_stop", "trainer.algorithm.zero_reward_on_non_stop", true],
+    ["generator.apply_overlong_filtering", "trainer.algorithm.apply_overlong_filtering", false],
+    ["generator.zero_variance_filter", "trainer.algorithm.zero_variance_filter", true]
+  ] as const
+
+  it.effect("reads each trainer key at its old generator.* path, with one warning naming the old and the new key", () =>
+    Effect.gen(function* () {
+      for (const [from, to, value] of moved) {
+        const [, key] = from.split(".") as [string, string]
+        // in the file, and as an override
+        for (const load of [
+          RunConfigLoader.fromObject({ ...base, generator: { [key]: value } }),
+          RunConfigLoader.fromObject(base, [`${from}=${value}`])
+        ]) {
+          const { value: config, logs } = yield* logged(load)
+          assert.strictEqual(config.trainer.algorithm[key as "zero_variance_filter"], value, from)
+          assert.notProperty(config.generator, key)
+          assert.deepStrictEqual(logs, [
+            `config key ${from} is deprecated: it moved to ${to} (read from ${from} this time)`
+          ])
+        }
+      }
+    })
+  )
+
+  it.effect("lets the new key win where both are set, and says the old one is ignored", () =>
+    Effect.gen(function* () {
+      const { value: config, logs } = yield* logged(
+        RunConfigLoader.fromObject({ ...base, generator: { zero_variance_filter: true } }, [
+          "trainer.algorithm.zero_variance_filter=false"
+        ])
+      )
+      assert.isFalse(config.trainer.algorithm.zero_variance_filter)
+      assert.deepStrictEqual(logs, [
+        "config key generator.zero_variance_filter is deprecated and ignored: " +
+          "trainer.algorithm.zero_variance_filter is set too (remove generator.zero_variance_filter)"
+      ])
+    })
+  )
+
+  it.effect("warns about nothing for a config on the new keys, and writes back only the new keys", () =>
+    Effect.gen(function* () {
+      const { value: config, logs } = yield* logged(
+        RunConfigLoader.fromObject(base, ["trainer.algorithm.zero_variance_filter=true"])
+      )
+      assert.isTrue(config.trainer.algorithm.zero_variance_filter)
+      assert.deepStrictEqual(logs, [])
+      const encoded = Schema.encodeSync(RunConfig.RunConfig)(config) as RunConfig.RunConfigEncoded
+      assert.strictEqual(encoded.trainer?.algorithm?.zero_variance_filter, true)
+      assert.notProperty(encoded.generator ?? {}, "zero_variance_filter")
+    })
+  )
+
+  it.effect("suggests the new path, never the deprecated one, for a key in the wrong section", () =>
+    Effect.gen(function* () {
+      const error = yield* RunConfigLoader.fromObject({ ...base, trainer: { zero_variance_filter: true } }).pipe(
+        Effect.flip
+      )
+      assert.strictEqual(error.path, "trainer.zero_variance_filter")
+      assert.include(error.message, "did you mean trainer.algorithm.zero_variance_filter?")
+    })
+  )
+})
+
 describe("TrainerConfig", () => {
   it.effect(
     "holds SkyRL's loss defaults: ε 0.2/0.2, c 3, token_mean, CISPO [0, 5], SAPO τ 1/1.05, DPPO binary_tv 0.2",
@@ -130,6 +207,45 @@ describe("TrainerConfig", () => {
         "trainer.algorithm.dppo.delta_low=0.05"
       ])
       assert.deepStrictEqual(dppo.trainer.algorithm.dppo, { dppo_type: "binary_kl", delta_low: 0.05, delta_high: 0.2 })
+    })
+  )
+
+  it.effect("rejects gae with step-wise trajectories, naming the estimator", () =>
+    Effect.gen(function* () {
+      const error = yield* RunConfigLoader.fromObject(base, [
+        "trainer.algorithm.advantage_estimator=gae",
+        "generator.step_wise=true"
+      ]).pipe(Effect.flip)
+      assert.strictEqual(error.path, "trainer.algorithm.advantage_estimator")
+      assert.include(error.message, "cannot train step-wise trajectories")
+    })
+  )
+})
+
+describe("RunConfig.derive", () => {
+  it.effect("gives the trainer what it needs from other sections, each computed here once", () =>
+    Effect.gen(function* () {
+      // 4 prompts × 8 samples per step, 2 prompts per mini-batch; greedy sampling trains at τ = 1
+      const config = yield* RunConfigLoader.fromObject(base, [
+        "generator.n_samples_per_prompt=8",
+        "generator.sampling.temperature=0",
+        "generator.max_input_length=512",
+        "trainer.train_batch_size=4",
+        "trainer.policy_mini_batch_size=2"
+      ])
+      assert.deepStrictEqual(RunConfig.derive(config), {
+        sequencesPerStep: 32,
+        miniBatchesPerStep: 2,
+        sequencesPerMiniBatch: 16,
+        temperature: 1,
+        maxSequenceLength: 512,
+        lossMaxSeqLen: 512 // no trainer.algorithm.max_seq_len: the longest row
+      })
+      const sampled = yield* RunConfigLoader.fromObject(base, [
+        "generator.sampling.temperature=0.7",
+        "trainer.algorithm.max_seq_len=300"
+      ])
+      assert.include(RunConfig.derive(sampled), { temperature: 0.7, lossMaxSeqLen: 300 })
     })
   )
 })

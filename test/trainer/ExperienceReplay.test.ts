@@ -96,19 +96,17 @@ describe("ExperienceReplay.apply", () => {
 })
 
 const setup = (replay: boolean) =>
-  TinyPolicy.trainer(
-    [
-      "trainer.train_batch_size=1",
-      "trainer.policy_mini_batch_size=1",
-      "trainer.micro_train_batch_size=8",
-      "trainer.optimizer.lr=0.01",
-      "trainer.optimizer.weight_decay=0",
-      "trainer.algorithm.advantage_estimator=maxrl",
-      "trainer.algorithm.off_policy_correction=token",
-      `trainer.experience_replay.enabled=${replay}`
-    ],
-    { zeroVarianceFilter: true }
-  )
+  TinyPolicy.trainer([
+    "trainer.train_batch_size=1",
+    "trainer.policy_mini_batch_size=1",
+    "trainer.micro_train_batch_size=8",
+    "trainer.optimizer.lr=0.01",
+    "trainer.optimizer.weight_decay=0",
+    "trainer.algorithm.advantage_estimator=maxrl",
+    "trainer.algorithm.off_policy_correction=token",
+    `trainer.experience_replay.enabled=${replay}`,
+    "trainer.algorithm.zero_variance_filter=true"
+  ])
 
 const goodLogProb = (model: PolicyModel.PolicyModel["Service"]["model"]) =>
   Effect.map(

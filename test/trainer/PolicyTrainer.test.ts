@@ -2,6 +2,7 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import { Effect, Logger } from "effect"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
+import * as RunConfig from "../../src/config/RunConfig.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import type { Trajectory, TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
@@ -218,7 +219,7 @@ describe("PolicyTrainer", () => {
           "trainer.algorithm.dppo.delta_low=0.01",
           "trainer.algorithm.dppo.delta_high=0.02"
         ])
-        const resolved = PolicyTrainer.policyLoss(config.trainer.algorithm, config.trainer.algorithm.max_seq_len)
+        const resolved = PolicyTrainer.policyLoss(config.trainer.algorithm, RunConfig.derive(config).lossMaxSeqLen)
         const [got, want] = [resolved(inputs), PolicyLoss.loss(name, inputs, expected[name])]
         const [a, b] = [got.loss.dataSync()[0]!, want.loss.dataSync()[0]!]
         assert.isTrue(Number.isFinite(a) && Math.abs(a - b) <= 1e-7, `${name}: ${a} vs ${b}`)
@@ -260,7 +261,7 @@ describe("PolicyTrainer", () => {
             const algorithm = { ...config.trainer.algorithm, use_kl_loss: true, use_entropy_loss: true }
             const options = {
               algorithm,
-              policyLoss: PolicyTrainer.policyLoss(algorithm, algorithm.max_seq_len),
+              policyLoss: PolicyTrainer.policyLoss(algorithm, RunConfig.derive(config).lossMaxSeqLen),
               temperature: 0.7
             }
             const batch = TrainingBatch.build(offPolicy(groups(1)), {
