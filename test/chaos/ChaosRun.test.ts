@@ -16,6 +16,8 @@ import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
 
 const tmp = mkdtempSync(join(tmpdir(), "effect-rl-chaos-"))
+// CHAOS_KERNELS=stock|native picks the CPU kernels (.ci/run runs the suite with both); default: the config's
+const kernels = process.env["CHAOS_KERNELS"] === undefined ? [] : [`backend.kernels=${process.env["CHAOS_KERNELS"]}`]
 const runDir = join(tmp, "run")
 const chaosLog = join(tmp, "chaos.log")
 const steps = 8
@@ -54,6 +56,7 @@ const start = (
       "--run-dir",
       runDir,
       "logging.progress=false",
+      ...kernels,
       ...(resume ? ["--resume", "latest"] : [])
     ],
     { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
@@ -157,7 +160,16 @@ describe("chaos", () => {
 
     // replay = run
     const replayed = Cli.run(
-      ["replay", "--episodes", join(runDir, "episodes.jsonl"), "--config", config, "--run-dir", join(tmp, "replay")],
+      [
+        "replay",
+        "--episodes",
+        join(runDir, "episodes.jsonl"),
+        "--config",
+        config,
+        "--run-dir",
+        join(tmp, "replay"),
+        ...kernels
+      ],
       { timeoutMs: 300_000 }
     )
     assert.strictEqual(replayed.code, 0, replayed.stderr.slice(-3000))
