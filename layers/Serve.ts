@@ -1,0 +1,96 @@
+/**
+ * The composition of `serve`: a HF checkpoint directory loaded into a LocalEngine behind the OpenAI-compatible HTTP
+ * app (inference/OpenAiServer.ts), with the request limits checked against the checkpoint and an optional
+ * FileWeightSync watch. The tensor backend must be initialised already.
+ */
+import { createServer } from "node:http"
+import * as path from "node:path"
+import { NodeHttpServer } from "@effect/platform-node"
+import { Context, Effect, Layer } from "effect"
+import { HttpServer } from "effect/http"
+import * as WebGpu from "../src/backend/WebGpu.ts"
+import { CheckpointError, ConfigError } from "../src/domain/Errors.ts"
+import * as LocalEngine from "../src/inference/LocalEngine.ts"
+import * as OpenAiServer from "../src/inference/OpenAiServer.ts"
+import * as Checkpoint from "../src/model/Checkpoint.ts"
+import * as LogProbs from "../src/model/LogProbs.ts"
+import * as Transformer from "../src/model/Transformer.ts"
+import * as FileWeightSync from "../src/sync/FileWeightSync.ts"
+import * as AutoTokenizer from "../src/tokenizer/AutoTokenizer.ts"
+
+export interface ServeOptions {
+  readonly model: string
+  readonly host: string
+  readonly port: number // 0 = any free port
+  /** The weight endpoint's token; undefined = closed. */
+  readonly token: string | undefined
+  readonly modelName?: string
+  readonly maxBatch?: number
+  /** A FileWeightSync directory whose new versions are loaded as they appear. */
+  readonly watch?: string
+  /** The context served, prompt + max_tokens (vLLM's --max-model-len); default and most: max_position_embeddings. */
+  readonly maxModelLen?: number
+  /** Request bodies past this many bytes are refused (413); default OpenAiServer.defaultMaxRequestBytes. */
+  readonly maxRequestBytes?: number
+  /** The most choices per prompt a request may ask for (`n`); default OpenAiServer.defaultMaxN. */
+  readonly maxN?: number
+}
+
+/** A limit flag's value: a positive integer, and `--max-model-len` within the checkpoint's positions. */
+const checkLimits = (options: ServeOptions, positions: number) => {
+  for (const [flag, value] of [
+    ["--max-model-len", options.maxModelLen],
+    ["--max-request-bytes", options.maxRequestBytes],
+    ["--max-n", options.maxN]
+  ] as const) {
+    if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {
+      return Effect.fail(new ConfigError({ path: flag, message: `${flag} must be a positive integer, got ${value}` }))
+    }
+  }
+  return options.maxModelLen !== undefined && options.maxModelLen > positions
+    ? Effect.fail(
+        new ConfigError({
+          path: "--max-model-len",
+          message: `--max-model-len ${options.maxModelLen} exceeds the checkpoint's max_position_embeddings ${positions}`
+        })
+      )
+    : Effect.void
+}
+
+/**
+ * Load the checkpoint and serve it until the scope closes; returns the URL it listens on. The tensor backend must be
+ * initialised already.
+ */
+export const start = Effect.fnUntraced(function* (options: ServeOptions) {
+  const { model } = yield* Effect.acquireRelease(
+    Effect.tryPromise({
+      try: async () => {
+        WebGpu.checkModelFits(await Checkpoint.readConfig(options.model))
+        return Checkpoint.load(options.model)
+      },
+      catch: (cause) =>
+        new CheckpointError({ path: options.model, message: cause instanceof Error ? cause.message : String(cause) })
+    }),
+    (loaded) => Effect.sync(() => Transformer.dispose(loaded.model))
+  )
+  yield* checkLimits(options, model.config.maxPositionEmbeddings)
+  const tokenizer = yield* AutoTokenizer.load(options.model)
+  const engine = yield* LocalEngine.make({
+    model,
+    decode: (ids) => tokenizer.decode(ids),
+    maxBatch: options.maxBatch ?? 16
+  })
+  if (options.watch !== undefined) yield* FileWeightSync.watch(options.watch, engine)
+  const server = OpenAiServer.layer({
+    engine,
+    tokenizer,
+    modelName: options.modelName ?? path.basename(path.resolve(options.model)),
+    maxModelLen: options.maxModelLen ?? model.config.maxPositionEmbeddings,
+    ...(options.maxRequestBytes === undefined ? {} : { maxRequestBytes: options.maxRequestBytes }),
+    ...(options.maxN === undefined ? {} : { maxN: options.maxN }),
+    promptLogprobs: (ids) => LogProbs.ofIds(model, ids),
+    ...(options.token === undefined ? {} : { weightToken: options.token })
+  }).pipe(Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host })))
+  const context = yield* Layer.build(server)
+  return HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
+})
