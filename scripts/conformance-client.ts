@@ -8,7 +8,7 @@
  */
 import { Effect, Schema } from "effect"
 import { McpServerConfig } from "../src/config/EnvironmentConfig.ts"
-import * as McpClient from "../src/env/McpClient.ts"
+import * as McpClient from "../src/mcp/McpClient.ts"
 
 const url = process.argv[process.argv.length - 1] ?? ""
 const scenario = process.env["MCP_CONFORMANCE_SCENARIO"] ?? ""

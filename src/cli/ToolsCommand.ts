@@ -18,7 +18,7 @@ import {
   McpServerConfig as McpServerConfigSchema
 } from "../config/EnvironmentConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
-import * as McpClient from "../env/McpClient.ts"
+import * as McpClient from "../mcp/McpClient.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 const configFlag = RunFlags.config.pipe(Flag.optional)

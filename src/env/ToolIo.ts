@@ -16,7 +16,7 @@
 import { Context, Effect, FileSystem, Layer, Schema, type Scope } from "effect"
 import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
 import type { ToolCall, ToolCallRecord } from "../domain/ToolCall.ts"
-import * as McpClient from "./McpClient.ts"
+import * as McpClient from "../mcp/McpClient.ts"
 
 export class ReplayMissError extends Schema.TaggedError<ReplayMissError>()("ReplayMissError", {
   tool: Schema.String,

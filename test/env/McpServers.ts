@@ -17,7 +17,7 @@ const pkg = (name: string) => join(root, "node_modules/@modelcontextprotocol", n
 export const config = (raw: Record<string, unknown>): McpServerConfig => Schema.decodeUnknownSync(McpServerConfig)(raw)
 
 export const toolboxScript = join(root, "src/toolbox/server.ts")
-export const mcpClientModule = join(root, "src/env/McpClient.ts")
+export const mcpClientModule = join(root, "src/mcp/McpClient.ts")
 export const faultyScript = join(root, "test/fixtures/FaultyMcpServer.ts")
 export const toolbox = (extra: Record<string, unknown> = {}) =>
   config({ name: "toolbox", command: "node", args: [toolboxScript], ...extra })

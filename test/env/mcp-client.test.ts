@@ -3,7 +3,7 @@ import { mkdirSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
 import { assert, describe, it, layer } from "@effect/vitest"
 import { Effect, Exit, Fiber, Logger, References } from "effect"
-import * as McpClient from "../../src/env/McpClient.ts"
+import * as McpClient from "../../src/mcp/McpClient.ts"
 import * as Servers from "./McpServers.ts"
 
 const flipCall = (c: McpClient.McpClient["Service"], name: string, args: Record<string, unknown>) =>

@@ -6,7 +6,7 @@
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
-import * as McpClient from "../../src/env/McpClient.ts"
+import * as McpClient from "../../src/mcp/McpClient.ts"
 import * as Servers from "./McpServers.ts"
 
 const tool = "crash_sometimes_idempotent"
