@@ -1,5 +1,5 @@
 /**
- * `npm run build`: compile src/ and layers/ to dist/ with tsc (imports rewritten .ts → .js), then write the
+ * `npm run build`: compile src/ to dist/ with tsc (imports rewritten .ts → .js), then write the
  * `dist/main.js` entry that `node dist/main.js <command>` and `npm start` run.
  */
 import { execFileSync } from "node:child_process"

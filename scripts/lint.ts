@@ -39,7 +39,7 @@ const files = (
 ).filter(
   (f) =>
     /\.(ts|mts|js|mjs)$/.test(f) &&
-    /^(src|layers|test|bench|scripts)\/|^[^/]+\.ts$/.test(f) &&
+    /^(src|test|bench|scripts)\/|^[^/]+\.ts$/.test(f) &&
     !/^(bench\/results|data|dist|native\/build)\//.test(f) &&
     !f.includes("node_modules/")
 )

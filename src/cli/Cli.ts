@@ -1,6 +1,6 @@
 /**
  * The `effect-rl` command line: one file per command under src/cli/, assembled here. Commands receive decoded
- * config; only `layers/` turns config into services.
+ * config; only `src/layers/` turns config into services.
  */
 import { Command } from "effect/cli"
 import * as ConfigCommand from "./ConfigCommand.ts"

@@ -11,7 +11,7 @@
  */
 import { Effect } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as EnvCheck from "../../layers/EnvCheck.ts"
+import * as EnvCheck from "../layers/EnvCheck.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 const check = Command.make(

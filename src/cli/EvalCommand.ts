@@ -9,7 +9,7 @@
  */
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as RunLayers from "../../layers/RunLayers.ts"
+import * as RunLayers from "../layers/RunLayers.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as Evaluator from "../pipeline/Evaluator.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"

@@ -5,7 +5,7 @@
  */
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as RunLayers from "../../layers/RunLayers.ts"
+import * as RunLayers from "../layers/RunLayers.ts"
 import * as Pipelines from "../pipeline/Pipelines.ts"
 import * as ReplaySource from "../pipeline/ReplaySource.ts"
 import * as RunFlags from "./RunFlags.ts"

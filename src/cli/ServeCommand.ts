@@ -9,7 +9,7 @@
  */
 import { Config, Console, Effect, Option, Redacted } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as Serve from "../../layers/Serve.ts"
+import * as Serve from "../layers/Serve.ts"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
 

@@ -7,7 +7,7 @@
  */
 import { Cause, Console, Effect, Option, Schema, Stream } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as RunLayers from "../../layers/RunLayers.ts"
+import * as RunLayers from "../layers/RunLayers.ts"
 import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"

@@ -7,7 +7,7 @@
  * - HttpWeightSync: chunked, authenticated upload to a remote `serve` (inference/WeightUpload.ts).
  * - FileWeightSync: versioned safetensors directories written atomically, for a watching engine (`serve --watch`).
  *
- * Which one a run uses (layers/RunLayers.ts): `pipeline.weight_sync` must fit `generator.engine.kind`, by one rule —
+ * Which one a run uses (src/layers/RunLayers.ts): `pipeline.weight_sync` must fit `generator.engine.kind`, by one rule —
  * an engine kind takes its own sync (local: `inprocess`, the default; worker: `worker`; remote: `http`) or `file`,
  * which only local and remote take (a worker engine's copy of the weights lives in its thread, where files would not
  * reach it). Anything else is a ConfigError naming both keys and the valid values (config/PipelineConfig.ts,
