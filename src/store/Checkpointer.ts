@@ -15,13 +15,20 @@
  * A step directory is complete when it exists under its final name (`step-N`): it is written as `step-N.tmp` and
  * renamed into place. So `--resume latest` with `latest` missing, empty or unreadable resumes from the newest
  * complete one, with a warning (`resumeLatest`), rather than starting fresh and archiving the run.
+ *
+ * With LoRA adapters attached (only `sft` attaches them) the weights saved are the merged W + s·Aᵀ·Bᵀ, so the
+ * directory still loads as `model.path` everywhere (HF, vLLM), and the adapter alone goes to `adapter/` (PEFT layout).
+ * `sft` keeps its step directories and `latest` in its output directory itself (`root`), where they have always been.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { type Cause, Context, Effect, Layer, Schema, SchemaIssue } from "effect"
 import { CheckpointError } from "../domain/Errors.ts"
+import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
+import * as Lora from "../model/Lora.ts"
 import * as Safetensors from "../model/Safetensors.ts"
+import * as Snapshot from "../model/Snapshot.ts"
 import type * as Transformer from "../model/Transformer.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import type * as ExperienceReplay from "../trainer/ExperienceReplay.ts"
@@ -115,15 +122,9 @@ const stepDirs = async (root: string): Promise<Array<string>> =>
     .filter((d) => /^step-\d+$/.test(d))
     .sort((a, b) => Number(b.slice(5)) - Number(a.slice(5)))
 
-/**
- * The checkpoint `--resume latest` continues from: the one `latest` names; when `latest` is missing, empty or
- * unreadable but step directories are there, the newest complete one (renamed into place and holding
- * trainer_state.json), with a warning. Undefined when the run has no checkpoint yet. Step directories none of which is
- * complete are a CheckpointError that says what to do: starting fresh would move them to `earlier/`.
- */
-export const resumeLatest = Effect.fn("Checkpointer.resumeLatest")(function* (runDir: string) {
-  const root = path.join(runDir, dirName)
-  const named = yield* Effect.promise(() => latestIn(runDir))
+/** resumeLatest for the directory that holds the step directories and `latest` itself. */
+const resumeLatestIn = Effect.fn("Checkpointer.resumeLatest")(function* (root: string) {
+  const named = yield* Effect.promise(() => pointedBy(path.join(root, "latest")))
   if (named !== undefined) return named
   const steps = yield* Effect.promise(() => stepDirs(root))
   if (steps.length === 0) return undefined
@@ -142,6 +143,14 @@ export const resumeLatest = Effect.fn("Checkpointer.resumeLatest")(function* (ru
       `with --resume PATH, or move ${root} away to start a fresh run`
   })
 })
+
+/**
+ * The checkpoint `--resume latest` continues from: the one `latest` names; when `latest` is missing, empty or
+ * unreadable but step directories are there, the newest complete one (renamed into place and holding
+ * trainer_state.json), with a warning. Undefined when the run has no checkpoint yet. Step directories none of which is
+ * complete are a CheckpointError that says what to do: starting fresh would move them to `earlier/`.
+ */
+export const resumeLatest = (runDir: string) => resumeLatestIn(path.join(runDir, dirName))
 
 /** fsync a file or directory: what a rename or a write left in the page cache reaches the disk. */
 const fsync = async (p: string) => {
@@ -183,12 +192,40 @@ export const resolveModelDir = async (p: string): Promise<string> => {
   return p
 }
 
-export const make = (options: {
+export interface Options {
   readonly runDir: string
+  /** Where the step directories and `latest` go; default `<runDir>/checkpoints`. */
+  readonly root?: string
+  /** Step directories kept, newest first; `Infinity` keeps every one. */
   readonly keepN: number
   readonly tokenizer: TokenizerImpl
-}) => {
-  const root = path.join(options.runDir, dirName)
+  /** The attached adapters' options, for `adapter/adapter_config.json`; without them no `adapter/` is written. */
+  readonly lora?: Lora.LoraOptions
+}
+
+/**
+ * The model's effective weights as a HF directory: with LoRA adapters attached, the merged W + s·Aᵀ·Bᵀ (written over
+ * the base weights Checkpoint.save wrote beside config.json), and the adapter alone in `adapter/` when its options are
+ * known.
+ */
+const saveWeights = async (
+  model: Transformer.Transformer,
+  dir: string,
+  step: number,
+  lora: Lora.LoraOptions | undefined
+): Promise<void> => {
+  await Checkpoint.save(model, dir)
+  if (model.adapters.size === 0) return
+  const snapshot = await Snapshot.fromModel(model, PolicyVersion.make(step))
+  await Checkpoint.writeTensors(
+    dir,
+    snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! }))
+  )
+  if (lora !== undefined) await Lora.save(model, path.join(dir, "adapter"), lora)
+}
+
+export const make = (options: Options) => {
+  const root = options.root ?? path.join(options.runDir, dirName)
   const save = Effect.fn("Checkpointer.save")(function* (
     step: number,
     model: Transformer.Transformer,
@@ -200,7 +237,7 @@ export const make = (options: {
     const dir = path.join(root, name)
     const tmp = `${dir}.tmp`
     yield* attempt(tmp, "clear", () => fs.rm(tmp, { recursive: true, force: true }))
-    yield* attempt(tmp, "weights", () => Checkpoint.save(model, tmp))
+    yield* attempt(tmp, "weights", () => saveWeights(model, tmp, step, options.lora))
     const hf = options.tokenizer.hfFiles()
     yield* attempt(tmp, "tokenizer", async () => {
       await fs.writeFile(path.join(tmp, "tokenizer.json"), JSON.stringify(hf["tokenizer.json"]))
@@ -256,7 +293,7 @@ export const make = (options: {
     })
     return { dir, step }
   })
-  const resolve = (which: string) => (which === "latest" ? resumeLatest(options.runDir) : Effect.succeed(which))
+  const resolve = (which: string) => (which === "latest" ? resumeLatestIn(root) : Effect.succeed(which))
   const read = (dir: string) =>
     Effect.gen(function* () {
       const raw = yield* attempt(dir, "trainer_state.json", () =>
@@ -271,15 +308,20 @@ export const make = (options: {
           })
       })
       const decoded = decodeState(json)
-      if (decoded._tag === "Failure") {
-        // `sft` writes its own trainer state (snake_case, no optimizer names): its weights start a run, not resume one
-        const sft = typeof json === "object" && json !== null && "optimizer_step" in json
+      // an `sft` checkpoint (its state under data.sft; snake_case at the top level before sft saved through here):
+      // its weights start a run, its step, optimizer moments and data state are not an RL run's to resume
+      const sft =
+        decoded._tag === "Success"
+          ? decoded.value.data["sft"] !== undefined
+          : typeof json === "object" && json !== null && "optimizer_step" in json
+      if (sft) {
         return yield* new CheckpointError({
           path: dir,
-          message: sft
-            ? `trainer_state.json is an sft checkpoint's: start a run from its weights with model.path=${dir}, not --resume`
-            : `trainer_state.json: ${stateProblem(decoded.cause)}`
+          message: `trainer_state.json is an sft checkpoint's: start a run from its weights with model.path=${dir}, not --resume`
         })
+      }
+      if (decoded._tag === "Failure") {
+        return yield* new CheckpointError({ path: dir, message: `trainer_state.json: ${stateProblem(decoded.cause)}` })
       }
       const state = decoded.value
       const bytes = yield* attempt(dir, "optimizer.safetensors", () =>
@@ -323,8 +365,4 @@ export const make = (options: {
   return Checkpointer.of({ root, save, resolve, read })
 }
 
-export const layer = (options: {
-  readonly runDir: string
-  readonly keepN: number
-  readonly tokenizer: TokenizerImpl
-}) => Layer.succeed(Checkpointer, make(options))
+export const layer = (options: Options) => Layer.succeed(Checkpointer, make(options))
