@@ -1,47 +1,32 @@
 /**
  * `sft --config FILE [key.path=value ...]`: supervised fine-tuning of `model` on the chat rows of `sft.data`
- * (default: `data.train`), eval loss on `sft.eval_data` (default: `data.val`). Progress goes to stderr; the last
- * stdout line is `{"event":"summary","steps":…,"trainLoss":…,"evalLoss":…,"outputDir":…,"seconds":…,…}`.
+ * (default: `data.train`), eval loss on `sft.eval_data` (default: `data.val`). Writes `sft.output_dir` (config.yaml,
+ * metrics.jsonl, step-N/ and latest: RunLayers.sft). Progress goes to stderr; the last stdout line is
+ * `{"event":"summary","steps":…,"trainLoss":…,"evalLoss":…,"outputDir":…,"seconds":…,…}`.
  *
- * `run(config)` is the same program for embedding (the quickstart calls it): it initialises the tensor backend,
- * loads the tokenizer and the data, and runs SftTrainer with the PolicyModel of `config.model`.
+ * `run(config)` is the same program for embedding: the data tokenized with the run's tokenizer, then SftTrainer, on
+ * the layers of RunLayers.sft.
  */
-import { Console, Effect, type FileSystem, type Path } from "effect"
+import { Console, Effect } from "effect"
 import { Command } from "effect/cli"
-import * as TensorBackend from "../backend/TensorBackend.ts"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as SftDataset from "../data/SftDataset.ts"
-import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
-import * as Tokenizer from "../tokenizer/Tokenizer.ts"
-import * as PolicyModel from "../trainer/PolicyModel.ts"
+import * as RunLayers from "../layers/RunLayers.ts"
 import * as SftTrainer from "../trainer/SftTrainer.ts"
 import * as RunFlags from "./RunFlags.ts"
 
 /** Run SFT as `config` describes; the result is what the command prints (without `event`). */
 export const run = Effect.fn("cli.sft")(function* (config: RunConfig) {
-  yield* TensorBackend.initialise(config.backend)
-  const tokenizer = yield* AutoTokenizer.fromConfig(config.tokenizer, config.model.path)
   const s = config.sft
-  const trainFiles = s.data.length > 0 ? s.data : config.data.train
-  const evalFiles = s.eval_data.length > 0 ? s.eval_data : config.data.val
-  const options = { maxLength: s.max_length, lossOn: s.loss_on }
-  const train = yield* SftDataset.load(trainFiles, tokenizer, options)
-  const held = yield* SftDataset.load(evalFiles, tokenizer, options)
-  for (const [name, loaded] of [
-    ["train", train],
-    ["eval", held]
-  ] as const) {
-    if (loaded.truncated > 0 || loaded.dropped > 0) {
-      yield* Console.error(
-        `sft ${name}: ${loaded.truncated} of ${loaded.rows} rows cut at max_length ${s.max_length}, ` +
-          `${loaded.dropped} dropped (no loss token left)`
-      )
-    }
+  const files = {
+    train: s.data.length > 0 ? s.data : config.data.train,
+    eval: s.eval_data.length > 0 ? s.eval_data : config.data.val
   }
-  return yield* SftTrainer.run({ config: s, train: train.examples, eval: held.examples, lora: config.model.lora }).pipe(
-    Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)])
-  )
-}) satisfies (config: RunConfig) => Effect.Effect<SftTrainer.Summary, unknown, FileSystem.FileSystem | Path.Path>
+  return yield* Effect.gen(function* () {
+    const data = yield* SftDataset.loadSplits(files, { maxLength: s.max_length, lossOn: s.loss_on })
+    return yield* SftTrainer.run({ config: s, train: data.train, eval: data.eval, lora: config.model.lora })
+  }).pipe(Effect.provide(RunLayers.sft(config, { outputDir: s.output_dir })))
+})
 
 export const command = Command.make(
   "sft",

@@ -21,11 +21,11 @@
  * that token to stop; what follows it (ChatML's `\n`) is template, never sampled, so 0. Position 0 is always 0:
  * nothing predicts the first token (LogProbs aligns log p(ids[t] | ids[<t]) at t).
  */
-import { type Cause, Effect, type FileSystem, Schema, SchemaIssue, Stream } from "effect"
+import { type Cause, Console, Effect, type FileSystem, Schema, SchemaIssue, Stream } from "effect"
 import { DatasetError } from "../domain/Errors.ts"
 import { Message } from "../domain/Message.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
-import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import { Tokenizer, type TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import * as Dataset from "./Dataset.ts"
 
 export type LossOn = "assistant" | "all"
@@ -243,3 +243,28 @@ export const load = (
       lossTokens: examples.reduce((n, e) => n + e.lossMask.reduce<number>((a, b) => a + b, 0), 0)
     }
   })
+
+/**
+ * The training and held-out examples of an `sft` run, tokenized with the run's Tokenizer (`load` on each list of
+ * files); rows cut at `maxLength` or dropped are counted on stderr.
+ */
+export const loadSplits = Effect.fn("SftDataset.loadSplits")(function* (
+  files: { readonly train: ReadonlyArray<string>; readonly eval: ReadonlyArray<string> },
+  options: { readonly maxLength: number; readonly lossOn: LossOn }
+) {
+  const { impl } = yield* Tokenizer
+  const train = yield* load(files.train, impl, options)
+  const held = yield* load(files.eval, impl, options)
+  for (const [name, loaded] of [
+    ["train", train],
+    ["eval", held]
+  ] as const) {
+    if (loaded.truncated > 0 || loaded.dropped > 0) {
+      yield* Console.error(
+        `sft ${name}: ${loaded.truncated} of ${loaded.rows} rows cut at max_length ${options.maxLength}, ` +
+          `${loaded.dropped} dropped (no loss token left)`
+      )
+    }
+  }
+  return { train: train.examples, eval: held.examples }
+})

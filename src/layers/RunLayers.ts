@@ -8,18 +8,20 @@
  *     ├ McpClient (config's servers) → ToolIo (live | record | replay) → EnvRegistry + mcp_tool env
  *     ├ Generator (AgentLoop), PolicyTrainer
  *     └ EpisodeLog, Metrics, Checkpointer (under the run directory)
+ *
+ * and for `sft`: the backend, PolicyModel, Tokenizer, and SftOutput over Metrics and Checkpointer in `sft.output_dir`.
  */
 import { NodeServices } from "@effect/platform-node"
-import { Config, Effect, Layer, Option, Redacted, Stream } from "effect"
+import { Config, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
+import * as ConfigView from "../config/ConfigView.ts"
 import * as PipelineConfig from "../config/PipelineConfig.ts"
-import { derive, type RunConfig } from "../config/RunConfig.ts"
+import { derive, RunConfig } from "../config/RunConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import type { ToolCallRecord } from "../domain/ToolCall.ts"
 import * as EnvRegistry from "../env/EnvRegistry.ts"
 import * as MathEnv from "../env/MathEnv.ts"
-import * as McpClient from "../mcp/McpClient.ts"
 import * as McpToolEnv from "../env/McpToolEnv.ts"
 import * as ToolIo from "../env/ToolIo.ts"
 import * as TauEnv from "../env/tau/TauEnv.ts"
@@ -28,10 +30,12 @@ import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as RemoteEngine from "../inference/RemoteEngine.ts"
 import * as WorkerEngine from "../inference/WorkerEngine.ts"
+import * as McpClient from "../mcp/McpClient.ts"
 import * as Metrics from "../metrics/Metrics.ts"
 import * as TrainingLoop from "../pipeline/TrainingLoop.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
+import * as RunDirectory from "../store/RunDirectory.ts"
 import * as EngineWeightSync from "../sync/EngineWeightSync.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as HttpWeightSync from "../sync/HttpWeightSync.ts"
@@ -39,6 +43,7 @@ import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 import { Tokenizer } from "../tokenizer/Tokenizer.ts"
 import * as PolicyModel from "../trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../trainer/PolicyTrainer.ts"
+import * as SftTrainer from "../trainer/SftTrainer.ts"
 
 export interface RunOptions {
   readonly runDir: string
@@ -230,6 +235,57 @@ export const replay = (c: RunConfig, options: { readonly runDir: string; readonl
         Layer.provide(NodeServices.layer)
       )
       return Layer.mergeAll(trainer, checkpointer, metrics, Layer.succeed(TensorBackend.TensorBackend, backend)).pipe(
+        Layer.provideMerge(tokenizer),
+        Layer.provideMerge(PolicyModel.layer(c.model))
+      )
+    })
+  )
+
+/**
+ * What `sft` needs, `options.outputDir` opened first as a fresh run directory (an earlier run's config.yaml and
+ * metrics.jsonl moved to `earlier/`, the resolved config written): the policy (model.path | model.init), its
+ * tokenizer, and SftOutput over Metrics (`<outputDir>/metrics.jsonl`) and a Checkpointer that puts `step-N/` and
+ * `latest` in the output directory itself, where `sft` has always written them and configs and docs name them, and
+ * keeps every step: a run's checkpoints are compared one by one to choose a warm start.
+ */
+export const sft = (c: RunConfig, options: { readonly outputDir: string }) =>
+  Layer.unwrap(
+    Effect.gen(function* () {
+      const backend = yield* TensorBackend.initialise(c.backend)
+      const runDir = options.outputDir
+      yield* RunDirectory.open(
+        runDir,
+        undefined,
+        `${ConfigView.toYaml(ConfigView.redact(Schema.encodeSync(RunConfig)(c)))}\n`
+      )
+      const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
+      const lora = SftTrainer.loraOptions(c.model.lora)
+      const checkpointer = Layer.effect(
+        Checkpointer.Checkpointer,
+        Effect.gen(function* () {
+          const tok = yield* Tokenizer
+          return Checkpointer.make({
+            runDir,
+            root: runDir,
+            keepN: Number.POSITIVE_INFINITY,
+            tokenizer: tok.impl,
+            ...(lora === undefined ? {} : { lora })
+          })
+        })
+      )
+      const metrics = Metrics.layer(runDir, { progress: false }).pipe(Layer.provide(NodeServices.layer), Layer.orDie)
+      const output = Layer.effect(
+        SftTrainer.SftOutput,
+        Effect.gen(function* () {
+          const m = yield* Metrics.Metrics
+          const checkpoints = yield* Checkpointer.Checkpointer
+          return SftTrainer.SftOutput.of({
+            record: (step, values) => m.record("train", step, values),
+            save: (step, model, trainer, data) => Effect.map(checkpoints.save(step, model, trainer, data), (s) => s.dir)
+          })
+        })
+      ).pipe(Layer.provide(Layer.mergeAll(checkpointer, metrics)))
+      return Layer.mergeAll(output, Layer.succeed(TensorBackend.TensorBackend, backend)).pipe(
         Layer.provideMerge(tokenizer),
         Layer.provideMerge(PolicyModel.layer(c.model))
       )

@@ -72,13 +72,14 @@ export const train = {
   "timing/train_and_sync": "seconds training and publishing",
   "timing/step": "seconds from the start of the step's batch to its metrics line",
   "timing/eval": "seconds an evaluation took (on eval lines)",
-  // SFT
-  "train/loss": "SFT cross-entropy per loss token",
-  "train/loss_tokens": "SFT tokens that carry loss in the step",
-  "train/grad_norm": "SFT gradient norm before clipping",
-  "train/lr": "SFT learning rate",
-  "train/tokens_per_second": "SFT tokens per second",
-  "eval/loss": "SFT held-out cross-entropy per token"
+  // SFT: one line per logged step; the window is the steps since the previous line
+  epoch: "SFT passes over the training data so far, fractional (HF Trainer's name)",
+  "train/loss": "SFT cross-entropy per loss token, token-weighted over the window's steps",
+  "train/loss_tokens": "SFT tokens that carry loss in the window's steps",
+  "train/grad_norm": "SFT global gradient norm of the line's step, before clipping",
+  "train/lr": "SFT learning rate of the line's step",
+  "train/tokens_per_second": "SFT real (non-padding) tokens per second of the window's training time, eval excluded",
+  "eval/loss": "SFT held-out cross-entropy per loss token, evaluated after the line's step"
 } as const
 
 /** Derived by the report from the lines above, not written by a run. */

@@ -9,38 +9,56 @@
  * the WHOLE batch, so accumulation gives exactly the gradient of L, whatever the micro-batch size), then applies one
  * AdamW update (Optimizer.ts: global-norm clipping, warmup + cosine learning rate over the run's steps).
  *
- * Output in `output_dir`: `metrics.jsonl` (one record per logged step: `step`, `train/loss`, `train/lr`, `eval/loss`
- * when evaluated at that step, ...), and checkpoints `step-N/` (HF directory: config.json, model.safetensors,
- * tokenizer.json, tokenizer_config.json, trainer_state.json) every `save_interval` steps and at the end. A checkpoint
- * is written as `step-N.tmp/` and renamed; the `latest` file (the directory name) is written last, by rename, the
- * convention of store/Checkpointer.ts. Progress lines go to stderr.
+ * Output goes through SftOutput, which RunLayers.sft builds over Metrics and Checkpointer in `output_dir` (opened as a
+ * run directory: config.yaml written, an earlier run's files moved to `earlier/`): `metrics.jsonl` (one `train` line
+ * per logged step, `MetricsRecord`), and every `save_interval` steps and at the end a checkpoint `step-N/` (a HF
+ * directory that loads as `model.path`, plus optimizer.safetensors and trainer_state.json with SFT's own state under
+ * `data.sft`) named by `latest`, both in `output_dir` itself. Progress lines go to stderr.
  *
  * Departures, on purpose:
  * 1. The last partial batch of an epoch is kept (HF's `dataloader_drop_last: false`); its token-mean uses its own
  *    token count.
  * 2. `train/loss` in a record is the token-weighted mean over the steps since the previous record, not the last step.
- * 3. No optimizer moments in checkpoints: they are for loading (`model.path`), not for resuming an SFT run.
+ * 3. Checkpoints hold the optimizer moments (Checkpointer writes them for every run), but `sft` does not resume from
+ *    them: a checkpoint starts a run as `model.path`.
  * 4. With `model.lora.rank > 0` only the adapters train; a checkpoint holds the MERGED weights (loadable as
  *    `model.path` by every command, HF and vLLM) plus the adapter alone in `adapter/` (PEFT layout).
  */
 import * as tf from "@tensorflow/tfjs"
-import { Clock, Console, Effect, FileSystem, Path } from "effect"
+import { Clock, Console, Context, Effect, Schema } from "effect"
 import type { LoraConfig } from "../config/ModelConfig.ts"
 import type { SftConfig } from "../config/SftConfig.ts"
 import type * as SftDataset from "../data/SftDataset.ts"
-import { CheckpointError, ConfigError } from "../domain/Errors.ts"
-import * as PolicyVersion from "../domain/PolicyVersion.ts"
-import * as Checkpoint from "../model/Checkpoint.ts"
+import { type CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Lora from "../model/Lora.ts"
 import * as HfConfig from "../model/ModelConfig.ts"
 import * as Prng from "../model/Prng.ts"
-import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
-import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 import { Tokenizer } from "../tokenizer/Tokenizer.ts"
 import * as Optimizer from "./Optimizer.ts"
 import { PolicyModel } from "./PolicyModel.ts"
+import type { TrainerState } from "./Trainer.ts"
+
+/**
+ * Where a run's metrics lines and checkpoints go. RunLayers.sft builds it over Metrics (`train` lines of
+ * `<output_dir>/metrics.jsonl`) and Checkpointer (`step-N/` and `latest` in `output_dir`): both sit above the
+ * trainer's room, as they do for the RL loop.
+ */
+export class SftOutput extends Context.Service<
+  SftOutput,
+  {
+    /** One metrics line for `step`; names from MetricKeys (`epoch`, `train/*`, `eval/loss`). */
+    readonly record: (step: number, values: Readonly<Record<string, number>>) => Effect.Effect<void>
+    /** A checkpoint of `model` after `step`, SFT's own state in `data`; returns its directory. */
+    readonly save: (
+      step: number,
+      model: Transformer.Transformer,
+      trainer: TrainerState,
+      data: Readonly<Record<string, unknown>>
+    ) => Effect.Effect<string, CheckpointError>
+  }
+>()("rl/trainer/SftOutput") {}
 
 export interface Options {
   readonly config: SftConfig
@@ -63,17 +81,26 @@ export interface Summary {
   readonly tokens: number // real (non-padding) tokens trained on
 }
 
-/** One metrics.jsonl record. */
-export interface MetricsRecord {
-  readonly step: number
-  readonly epoch: number
-  readonly "train/loss": number
-  readonly "train/lr": number
-  readonly "train/grad_norm": number
-  readonly "train/tokens_per_second": number
-  readonly "train/loss_tokens": number
-  readonly "eval/loss"?: number
-}
+/** One metrics.jsonl line of an SFT run, as Metrics writes it (`event`, `step`, `time`, then the values). */
+export const MetricsRecord = Schema.Struct({
+  event: Schema.Literal("train"),
+  step: Schema.Int,
+  time: Schema.Finite, // seconds since the run's Metrics started
+  epoch: Schema.Finite,
+  "train/loss": Schema.Finite,
+  "train/lr": Schema.Finite,
+  "train/grad_norm": Schema.Finite,
+  "train/tokens_per_second": Schema.Finite,
+  "train/loss_tokens": Schema.Int,
+  "eval/loss": Schema.optionalKey(Schema.Finite)
+})
+export type MetricsRecord = typeof MetricsRecord.Type
+
+/** `model.lora` as the adapters take it; undefined unless rank > 0 (no adapters). */
+export const loraOptions = (config: LoraConfig | undefined): Lora.LoraOptions | undefined =>
+  config !== undefined && config.rank > 0
+    ? { rank: config.rank, alpha: config.alpha, dropout: config.dropout, targetModules: config.target_modules }
+    : undefined
 
 /** A micro-batch, right-padded to its longest sequence. */
 export interface Padded {
@@ -203,32 +230,17 @@ export const epochOrder = (n: number, seed: number, epoch: number, shuffle: bool
 export const totalSteps = (config: SftConfig, examples: number): number =>
   config.max_steps ?? config.epochs * Math.ceil(examples / config.batch_size)
 
-/**
- * The model's effective weights as a HF directory: with LoRA adapters attached, the merged W + s·Aᵀ·Bᵀ (so the
- * directory loads as `model.path` like any checkpoint; the adapter alone goes to `adapter/` in PEFT's layout).
- */
-const saveWeights = async (model: Transformer.Transformer, dir: string, step: number): Promise<void> => {
-  if (model.adapters.size === 0) return Checkpoint.save(model, dir)
-  await Checkpoint.save(model, dir) // config.json and the base weights, then overwritten by the merged ones
-  const snapshot = await Snapshot.fromModel(model, PolicyVersion.make(step))
-  await Checkpoint.writeTensors(
-    dir,
-    snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! }))
-  )
-}
-
 const seconds = (s: number): string => (s >= 120 ? `${(s / 60).toFixed(1)}m` : `${s.toFixed(1)}s`)
 
 /**
- * Train the PolicyModel's weights on `options.train`. Writes metrics and checkpoints under `config.output_dir`.
- * A non-finite loss is a defect (Effect.die with the step).
+ * Train the PolicyModel's weights on `options.train`; metrics lines and checkpoints go to SftOutput. A non-finite loss
+ * is a defect (Effect.die with the step).
  */
 export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
   const c = options.config
   const { model } = yield* PolicyModel
   const tokenizer = yield* Tokenizer
-  const fs = yield* FileSystem.FileSystem
-  const path = yield* Path.Path
+  const output = yield* SftOutput
   const train = options.train
   const evalSet = options.eval ?? []
   if (train.length === 0) {
@@ -251,15 +263,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       return yield* new ConfigError({ path: "sft.data", message: `${e.source}: a token id exceeds the vocabulary` })
     }
   }
-  const lora =
-    options.lora !== undefined && options.lora.rank > 0
-      ? {
-          rank: options.lora.rank,
-          alpha: options.lora.alpha,
-          dropout: options.lora.dropout,
-          targetModules: options.lora.target_modules
-        }
-      : undefined
+  const lora = loraOptions(options.lora)
   if (lora !== undefined) {
     yield* Effect.try({
       try: () => Lora.attach(model, lora, c.seed),
@@ -276,38 +280,11 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
   const total = totalSteps(c, train.length)
   const micro = { microBatchSize: c.micro_batch_size, padId: tokenizer.padId }
   const outputDir = c.output_dir
-  const fileError = (file: string) => (cause: { readonly message: string }) =>
-    new CheckpointError({ path: file, message: cause.message })
-  const metricsFile = path.join(outputDir, "metrics.jsonl")
-  yield* fs.makeDirectory(outputDir, { recursive: true }).pipe(Effect.mapError(fileError(outputDir)))
-  yield* fs.writeFileString(metricsFile, "").pipe(Effect.mapError(fileError(metricsFile)))
 
-  const save = Effect.fnUntraced(function* (step: number, state: Readonly<Record<string, unknown>>) {
-    const name = `step-${step}`
-    const dir = path.join(outputDir, name)
-    const tmp = `${dir}.tmp`
-    const attempt = (what: string, f: () => Promise<void>) =>
-      Effect.tryPromise({
-        try: f,
-        catch: (cause) =>
-          new CheckpointError({ path: tmp, message: `${what}: ${cause instanceof Error ? cause.message : cause}` })
-      })
-    yield* fs.remove(tmp, { recursive: true, force: true }).pipe(Effect.mapError(fileError(tmp)))
-    yield* attempt("weights", () => saveWeights(model, tmp, step))
-    if (lora !== undefined) yield* attempt("adapter", () => Lora.save(model, path.join(tmp, "adapter"), lora))
-    yield* AutoTokenizer.save(tokenizer.impl, tmp).pipe(
-      Effect.mapError((e) => new CheckpointError({ path: tmp, message: `tokenizer: ${e.message}` }))
-    )
-    const stateFile = path.join(tmp, "trainer_state.json")
-    yield* fs
-      .writeFileString(stateFile, `${JSON.stringify(state, null, 2)}\n`)
-      .pipe(Effect.mapError(fileError(stateFile)))
-    yield* fs.remove(dir, { recursive: true, force: true }).pipe(Effect.mapError(fileError(dir)))
-    yield* fs.rename(tmp, dir).pipe(Effect.mapError(fileError(dir)))
-    const latest = path.join(outputDir, "latest")
-    yield* fs.writeFileString(`${latest}.tmp`, name).pipe(Effect.mapError(fileError(latest)))
-    yield* fs.rename(`${latest}.tmp`, latest).pipe(Effect.mapError(fileError(latest)))
-    return dir
+  /** A checkpoint of the step: the RL trainer's state shape (no KL term here), SFT's own under `data.sft`. */
+  const save = Effect.fnUntraced(function* (step: number, sft: Readonly<Record<string, unknown>>) {
+    const moments = yield* Effect.promise(() => optimizer.state())
+    return yield* output.save(step, model, { step, version: moments.step, optimizer: moments, klCoef: 0 }, { sft })
   })
 
   yield* Console.error(
@@ -355,9 +332,9 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       trainLoss = window.lossTokens === 0 ? 0 : window.nll / window.lossTokens
       const tokensPerSecond = window.tokens / Math.max(1e-3, window.trainMs / 1000) // training only, not eval
       const elapsed = (now - started) / 1000
-      const record: MetricsRecord = {
-        step,
-        epoch: step / stepsPerEpoch,
+      const epoch = step / stepsPerEpoch
+      const values = {
+        epoch,
         "train/loss": trainLoss,
         "train/lr": lr,
         "train/grad_norm": stats.gradNorm,
@@ -365,11 +342,9 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
         "train/loss_tokens": window.lossTokens,
         ...(evaluated === undefined ? {} : { "eval/loss": evaluated })
       }
-      yield* fs
-        .writeFileString(metricsFile, `${JSON.stringify(record)}\n`, { flag: "a" })
-        .pipe(Effect.mapError(fileError(metricsFile)))
+      yield* output.record(step, values)
       yield* Console.error(
-        `sft step ${step}/${total} epoch ${record.epoch.toFixed(2)} loss ${trainLoss.toFixed(4)}` +
+        `sft step ${step}/${total} epoch ${epoch.toFixed(2)} loss ${trainLoss.toFixed(4)}` +
           (evaluated === undefined ? "" : ` eval_loss ${evaluated.toFixed(4)}`) +
           ` lr ${lr.toExponential(2)} grad_norm ${stats.gradNorm.toFixed(3)} tok/s ${tokensPerSecond.toFixed(0)}` +
           ` elapsed ${seconds(elapsed)} eta ${seconds((elapsed / step) * (total - step))}`
@@ -378,10 +353,8 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     }
     if (last || (c.save_interval > 0 && step % c.save_interval === 0)) {
       checkpoint = yield* save(step, {
-        step,
         epoch: step / stepsPerEpoch,
         total_steps: total,
-        optimizer_step: optimizer.step(),
         train_loss: trainLoss,
         eval_loss: evalLoss ?? null,
         learning_rate: lr,

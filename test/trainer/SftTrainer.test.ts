@@ -1,24 +1,28 @@
 /**
  * SftTrainer: a tiny model (hidden 32, 2 layers) learns to answer "reverse abc" with "cba" from 40 rows; the
  * saved checkpoint loads back (weights + tokenizer) and scores tokens exactly as the trained in-memory model;
+ * its output goes through Metrics and Checkpointer (RunLayers.sft) into the output directory's old places;
  * gradient accumulation over micro-batches gives the full batch's gradient; `sft` runs from the command line.
  */
 import { readFileSync, rmSync } from "node:fs"
 import { NodeServices } from "@effect/platform-node"
 import { assert, beforeAll, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
-import { Effect, FileSystem } from "effect"
+import { Effect, FileSystem, Schema } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import type { RunConfig } from "../../src/config/RunConfig.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import * as SftDataset from "../../src/data/SftDataset.ts"
 import type { Message } from "../../src/domain/Message.ts"
+import * as RunLayers from "../../src/layers/RunLayers.ts"
+import * as MetricKeys from "../../src/metrics/MetricKeys.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as HfConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as Checkpointer from "../../src/store/Checkpointer.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
-import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
 import * as Optimizer from "../../src/trainer/Optimizer.ts"
 import * as PolicyModel from "../../src/trainer/PolicyModel.ts"
 import * as SftTrainer from "../../src/trainer/SftTrainer.ts"
@@ -55,6 +59,29 @@ const reverseRows = (n: number, offset = 0) =>
 const writeJsonl = (fs: FileSystem.FileSystem, file: string, rows: ReadonlyArray<unknown>) =>
   fs.writeFileString(file, rows.map((r) => JSON.stringify(r)).join("\n"))
 
+// the backend the file starts with (RunLayers.sft initialises the config's)
+const backend = { name: "wasm", kernels: "stock" } as const
+
+/** The metrics.jsonl lines of an SFT run, decoded (a line that does not decode fails the test). */
+const metricsLines = (fs: FileSystem.FileSystem, dir: string) =>
+  Effect.map(fs.readFileString(`${dir}/metrics.jsonl`), (text) =>
+    text
+      .trim()
+      .split("\n")
+      .map((line) => Schema.decodeUnknownSync(SftTrainer.MetricsRecord)(JSON.parse(line)))
+  )
+
+/** Load and tokenize the run's data with its tokenizer, then train: what `sft` runs on RunLayers.sft. */
+const trainOn = (config: RunConfig) =>
+  Effect.gen(function* () {
+    const s = config.sft
+    const data = yield* SftDataset.loadSplits(
+      { train: s.data, eval: s.eval_data },
+      { maxLength: s.max_length, lossOn: s.loss_on }
+    )
+    return yield* SftTrainer.run({ config: s, train: data.train, eval: data.eval, lora: config.model.lora })
+  })
+
 // wasm: the pure-JS cpu backend is ~20× slower here; the process-wide backend is set once for the file
 beforeAll(() => Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })))
 
@@ -68,7 +95,7 @@ describe("SftTrainer.run", () => {
         yield* writeJsonl(fs, `${dir}/train.jsonl`, reverseRows(40))
         yield* writeJsonl(fs, `${dir}/val.jsonl`, reverseRows(8, 1000))
         const config = yield* RunConfigLoader.fromObject(
-          { model: { init: tinyInit }, tokenizer: { kind: "byte" }, backend: { name: "wasm" } },
+          { model: { init: tinyInit }, tokenizer: { kind: "byte" }, backend },
           [
             `sft.data=[${dir}/train.jsonl]`,
             `sft.eval_data=[${dir}/val.jsonl]`,
@@ -85,14 +112,15 @@ describe("SftTrainer.run", () => {
           ]
         )
         const tokenizer = ByteTokenizer.make()
-        const options = { maxLength: config.sft.max_length, lossOn: config.sft.loss_on }
-        const train = yield* SftDataset.load(config.sft.data, tokenizer, options)
-        const held = yield* SftDataset.load(config.sft.eval_data, tokenizer, options)
+        const held = yield* SftDataset.load(config.sft.eval_data, tokenizer, {
+          maxLength: config.sft.max_length,
+          lossOn: config.sft.loss_on
+        })
         const { summary, before, after } = yield* Effect.gen(function* () {
           const { model } = yield* PolicyModel.PolicyModel
           const micro = { microBatchSize: 8, padId: tokenizer.padId }
           const before = yield* Effect.promise(() => SftTrainer.evaluate(model, held.examples, micro))
-          const summary = yield* SftTrainer.run({ config: config.sft, train: train.examples, eval: held.examples })
+          const summary = yield* trainOn(config)
           const after = yield* Effect.promise(() => SftTrainer.evaluate(model, held.examples, micro))
           // the final checkpoint scores a held-out conversation exactly as the in-memory model
           const loaded = yield* Effect.promise(() => Checkpoint.load(`${dir}/out/step-40`))
@@ -105,7 +133,7 @@ describe("SftTrainer.run", () => {
           Transformer.dispose(loaded.model)
           for (const [t, lp] of live.entries()) assert.closeTo(saved[t]!, lp, 1e-5)
           return { summary, before, after }
-        }).pipe(Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)]))
+        }).pipe(Effect.provide(RunLayers.sft(config, { outputDir: config.sft.output_dir })))
 
         console.log(JSON.stringify({ firstLoss: summary.firstLoss, trainLoss: summary.trainLoss, before, after }))
         assert.strictEqual(summary.steps, 40)
@@ -113,11 +141,9 @@ describe("SftTrainer.run", () => {
         assert.isBelow(summary.trainLoss, 0.5 * summary.firstLoss)
         assert.isBelow(after, 0.5 * before) // held-out rows too
         assert.closeTo(summary.evalLoss!, after, 1e-5)
+        assert.strictEqual(summary.checkpoint, `${dir}/out/step-40`)
 
-        const records = (yield* fs.readFileString(`${dir}/out/metrics.jsonl`))
-          .trim()
-          .split("\n")
-          .map((line) => JSON.parse(line) as SftTrainer.MetricsRecord)
+        const records = yield* metricsLines(fs, `${dir}/out`)
         assert.deepStrictEqual(
           records.map((r) => r.step),
           [5, 10, 15, 20, 25, 30, 35, 40]
@@ -128,20 +154,82 @@ describe("SftTrainer.run", () => {
         )
         // warmup: step 1 runs at lr/4; the cosine ends at lr · min_lr_ratio
         assert.closeTo(records[7]!["train/lr"], Optimizer.learningRate(config.sft.optimizer, 39, 40), 1e-12)
-        assert.isTrue(records.every((r) => Number.isFinite(r["train/loss"]) && r["train/tokens_per_second"] > 0))
+        assert.isTrue(records.every((r) => r["train/tokens_per_second"] > 0))
+        assert.strictEqual(records[7]!.epoch, 8)
+      }).pipe(Effect.provide(NodeServices.layer))
+  )
 
-        assert.strictEqual(yield* fs.readFileString(`${dir}/out/latest`), "step-40")
-        const files = (yield* fs.readDirectory(`${dir}/out/step-20`)).sort()
-        assert.deepStrictEqual(files, [
-          "config.json",
-          "model.safetensors",
-          "tokenizer.json",
-          "tokenizer_config.json",
-          "trainer_state.json"
-        ])
-        const state = JSON.parse(yield* fs.readFileString(`${dir}/out/step-40/trainer_state.json`))
-        assert.strictEqual(state.step, 40)
-        assert.strictEqual(state.optimizer_step, 40)
+  it.effect(
+    "writes through Checkpointer and Metrics: step-N/ with trainer_state.json, latest, decodable metrics lines",
+    () =>
+      Effect.gen(function* () {
+        const fs = yield* FileSystem.FileSystem
+        const dir = yield* fs.makeTempDirectoryScoped()
+        const out = `${dir}/out`
+        yield* writeJsonl(fs, `${dir}/train.jsonl`, reverseRows(12))
+        const config = yield* RunConfigLoader.fromObject(
+          { model: { init: tinyInit }, tokenizer: { kind: "byte" }, backend },
+          [
+            `sft.data=[${dir}/train.jsonl]`,
+            "sft.max_steps=3",
+            "sft.batch_size=4",
+            "sft.log_interval=1",
+            "sft.save_interval=1",
+            `sft.output_dir=${out}`
+          ]
+        )
+        const runOnce = trainOn(config).pipe(Effect.provide(RunLayers.sft(config, { outputDir: out })))
+        yield* runOnce
+        const first = yield* fs.readFileString(`${out}/metrics.jsonl`)
+        const summary = yield* runOnce // into the same directory: the first run's files move to earlier/
+
+        // Checkpointer's layout, in the output directory itself; every step kept (checkpoint.keep_n is 2)
+        assert.strictEqual(yield* fs.readFileString(`${out}/latest`), "step-3")
+        assert.strictEqual(summary.checkpoint, `${out}/step-3`)
+        for (const step of [1, 2, 3]) {
+          assert.deepStrictEqual((yield* fs.readDirectory(`${out}/step-${step}`)).sort(), [
+            "config.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "trainer_state.json"
+          ])
+        }
+        const state = JSON.parse(yield* fs.readFileString(`${out}/step-3/trainer_state.json`))
+        assert.deepStrictEqual(
+          { step: state.step, version: state.version, optimizerStep: state.optimizerStep, klCoef: state.klCoef },
+          { step: 3, version: 3, optimizerStep: 3, klCoef: 0 }
+        )
+        assert.isAbove(state.optimizerNames.length, 0)
+        assert.deepStrictEqual(Object.keys(state.data), ["sft"])
+        assert.strictEqual(state.data.sft.total_steps, 3)
+        assert.strictEqual(state.data.sft.epoch, 1) // 12 rows / 4 = 3 steps per epoch
+        // an SFT checkpoint starts a run as model.path (or eval --model OUT/latest), never resumes one
+        assert.strictEqual(yield* Effect.promise(() => Checkpointer.resolveModelDir(`${out}/latest`)), `${out}/step-3`)
+        const refused = yield* Checkpointer.make({ runDir: dir, keepN: 2, tokenizer: ByteTokenizer.make() })
+          .read(`${out}/step-3`)
+          .pipe(Effect.flip)
+        assert.match(refused.message, /sft checkpoint's: start a run from its weights with model\.path=/)
+
+        // metrics.jsonl: one decodable `train` line per step, every name one of MetricKeys
+        const records = yield* metricsLines(fs, out)
+        assert.deepStrictEqual(
+          records.map((r) => [r.event, r.step]),
+          [
+            ["train", 1],
+            ["train", 2],
+            ["train", 3]
+          ]
+        )
+        const names = records.flatMap((r) => Object.keys(r)).filter((k) => !["event", "step", "time"].includes(k))
+        assert.deepStrictEqual(
+          names.filter((k) => MetricKeys.meaning(k) === undefined),
+          []
+        )
+        assert.isTrue((yield* fs.readFileString(`${out}/config.yaml`)).includes("output_dir"))
+        const [earlier] = yield* fs.readDirectory(`${out}/earlier`)
+        assert.strictEqual(yield* fs.readFileString(`${out}/earlier/${earlier}/metrics.jsonl`), first)
       }).pipe(Effect.provide(NodeServices.layer))
   )
 })
@@ -153,19 +241,27 @@ describe("SftTrainer.run with LoRA", () => {
       const dir = yield* fs.makeTempDirectoryScoped()
       yield* writeJsonl(fs, `${dir}/train.jsonl`, reverseRows(16))
       const config = yield* RunConfigLoader.fromObject(
-        { model: { init: tinyInit, lora: { rank: 4, alpha: 8 } }, tokenizer: { kind: "byte" } },
-        [`sft.data=[${dir}/train.jsonl]`, "sft.max_steps=6", "sft.optimizer.lr=0.02", `sft.output_dir=${dir}/out`]
+        { model: { init: tinyInit, lora: { rank: 4, alpha: 8 } }, tokenizer: { kind: "byte" }, backend },
+        [
+          `sft.data=[${dir}/train.jsonl]`,
+          "sft.max_steps=6",
+          "sft.max_length=64",
+          "sft.optimizer.lr=0.02",
+          `sft.output_dir=${dir}/out`
+        ]
       )
-      const tokenizer = ByteTokenizer.make()
-      const train = yield* SftDataset.load(config.sft.data, tokenizer, { maxLength: 64, lossOn: "assistant" })
       yield* Effect.gen(function* () {
         const { model } = yield* PolicyModel.PolicyModel
         const embedBefore = Array.from(model.params.get("model.embed_tokens.weight")!.dataSync())
-        const summary = yield* SftTrainer.run({ config: config.sft, train: train.examples, lora: config.model.lora })
+        const summary = yield* trainOn(config)
         assert.strictEqual(model.adapters.size, 2 * 4) // q, k, v, o of 2 layers
         assert.deepStrictEqual(Array.from(model.params.get("model.embed_tokens.weight")!.dataSync()), embedBefore)
         assert.isBelow(summary.trainLoss, summary.firstLoss)
         const loaded = yield* Effect.promise(() => Checkpoint.load(summary.checkpoint))
+        const train = yield* SftDataset.load(config.sft.data, ByteTokenizer.make(), {
+          maxLength: 64,
+          lossOn: "assistant"
+        })
         const ids = train.examples[0]!.ids
         const live = yield* Effect.promise(() => LogProbs.ofIds(model, ids))
         const saved = yield* Effect.promise(() => LogProbs.ofIds(loaded.model, ids))
@@ -175,7 +271,9 @@ describe("SftTrainer.run with LoRA", () => {
           "adapter_config.json",
           "adapter_model.safetensors"
         ])
-      }).pipe(Effect.provide([PolicyModel.layer(config.model), Tokenizer.layerImpl(tokenizer)]))
+        const adapter = JSON.parse(yield* fs.readFileString(`${summary.checkpoint}/adapter/adapter_config.json`))
+        assert.deepStrictEqual([adapter.r, adapter.lora_alpha], [4, 8])
+      }).pipe(Effect.provide(RunLayers.sft(config, { outputDir: config.sft.output_dir })))
     }).pipe(Effect.provide(NodeServices.layer))
   )
 })
