@@ -10,6 +10,8 @@
  */
 
 import { type ChildProcess, spawn } from "node:child_process"
+import { existsSync } from "node:fs"
+import * as path from "node:path"
 import { serializeMessage } from "@modelcontextprotocol/sdk/shared/stdio.js"
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js"
 import type { JSONRPCMessage } from "@modelcontextprotocol/sdk/types.js"
@@ -39,6 +41,27 @@ export interface ExitInfo {
   readonly signal: NodeJS.Signals | null
 }
 
+/**
+ * The Node that runs a `command: node` server: this process's own, unless the server is a TypeScript file this Node
+ * cannot run (Node before 22.18 strips no types: e.g. `node dist/main.js` on a system Node 20 starting
+ * `src/toolbox/server.ts`); then the Node 24 that `npm ci` installed (the `node` package), when there is one.
+ */
+const nodeFor = (args: ReadonlyArray<string>): string => {
+  const script = args.find((a) => !a.startsWith("-"))
+  const typescript = (process.features as { readonly typescript?: unknown }).typescript
+  const stripsTypes = typescript !== undefined && typescript !== false
+  if (script === undefined || !/\.[mc]?ts$/.test(script) || stripsTypes) return process.execPath
+  for (const root of [
+    process.cwd(),
+    path.resolve(import.meta.dirname, "..", "..", ".."),
+    path.resolve(import.meta.dirname, "..", "..")
+  ]) {
+    const bundled = path.join(root, "node_modules", "node", "bin", "node")
+    if (existsSync(bundled)) return bundled
+  }
+  return process.execPath
+}
+
 export class ChildStdioTransport implements Transport {
   onclose?: () => void
   onerror?: (error: Error) => void
@@ -54,7 +77,7 @@ export class ChildStdioTransport implements Transport {
   stderrRest = ""
 
   constructor(config: McpServerConfig, onStderr: (line: string) => void) {
-    this.command = config.command === "node" ? process.execPath : (config.command ?? "")
+    this.command = config.command === "node" ? nodeFor(config.args) : (config.command ?? "")
     this.args = config.args
     const base: Record<string, string> = {}
     if (process.env["PATH"] !== undefined) base["PATH"] = process.env["PATH"]

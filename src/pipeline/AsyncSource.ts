@@ -19,8 +19,8 @@
  *
  * Staleness of a group = the trainer step whose weights it trains from − the step whose weights produced its oldest
  * token (found from the turns' `policyVersionFirst` via the versions published after each step). Over
- * `max_staleness_steps` is a defect. With in-process weight sync the engine samples from the trainer's own
- * variables, so it is paused while the trainer updates them (a decode step never sees half-updated weights).
+ * `max_staleness_steps` is a defect. A local engine samples from the trainer's own variables, so it is paused while
+ * the trainer updates them (a decode step never sees half-updated weights).
  *
  * Checkpoints record the cursor, the consumed prompt uids, the published version of each step and the in-flight
  * groups (generated, not yet trained) as `inflight.jsonl` (Rollouts).
@@ -161,13 +161,16 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
       return batch
     })
 
-  const inProcess = config.pipeline.weight_sync === "inprocess"
+  // a local engine samples from the trainer's own variables, whatever publishes the versions: it must not decode
+  // while an update writes them
+  const sharesWeights = config.generator.engine.kind === "local"
   const source: TrainingLoop.Source = {
     totalSteps: steps,
     batches: Stream.unfold(start.firstStep, (step) =>
       step > steps ? Effect.succeed(undefined) : batch(step).pipe(Effect.map((b) => [b, step + 1] as const))
     ),
-    guard: (train) => (inProcess ? engine.pause.pipe(Effect.andThen(train), Effect.ensuring(engine.resume)) : train),
+    guard: (train) =>
+      sharesWeights ? engine.pause.pipe(Effect.andThen(train), Effect.ensuring(engine.resume)) : train,
     trained: (_step, version) =>
       Effect.gen(function* () {
         stepVersions.push(version)

@@ -6,7 +6,8 @@
  * - every prompt was trained exactly once (consumed.jsonl holds each cursor once, in order) and every step ran;
  * - the faults happened (the server's own log) and every trajectory that ended in an error says why;
  * - no process is left behind: every chaos server and the grandchild each one leaves in its process group are gone;
- * - replay = run: `replay --episodes` reproduces the run's final weights bit for bit.
+ * - replay = run: `replay --episodes` reproduces the run's steps (each step's gradient norm) and final weights bit
+ *   for bit.
  */
 import { type ChildProcess, spawn } from "node:child_process"
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs"
@@ -182,5 +183,17 @@ describe("chaos", () => {
       ),
       "replay reproduces the run's weights"
     )
+    // and its steps: each step's gradient norm (a step the crashes made the run train twice counts by its last line)
+    const gradNorms = (dir: string) => {
+      const byStep = new Map<number, unknown>()
+      for (const line of readFileSync(join(dir, "metrics.jsonl"), "utf8").split("\n")) {
+        if (line === "") continue
+        const m = JSON.parse(line) as Record<string, unknown>
+        if (m["event"] === "train") byStep.set(m["step"] as number, m["policy/grad_norm"])
+      }
+      return [...byStep.entries()].sort((a, b) => a[0] - b[0])
+    }
+    assert.strictEqual(gradNorms(runDir).length, steps)
+    assert.deepStrictEqual(gradNorms(join(tmp, "replay")), gradNorms(runDir))
   }, 900_000)
 })
