@@ -25,7 +25,7 @@ export const command = Command.make(
     const config = yield* RunFlags.load(file, overrides)
     const runDir = Option.getOrElse(runDirFlag, () => config.logging.run_dir)
     const groups = yield* ReplaySource.recorded(episodes)
-    const totalSteps = ReplaySource.totalSteps(config, groups.length)
+    const totalSteps = ReplaySource.totalSteps(config.trainer, groups.length)
     yield* Effect.logInfo(`replaying ${groups.length} groups from ${episodes} → ${runDir}`)
     const summary = yield* Pipelines.replay(config, runDir, groups).pipe(
       Effect.provide(RunLayers.replay(config, { runDir, totalSteps: Math.max(1, totalSteps) }))

@@ -205,7 +205,7 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const engine = inference(c)
       const weightSync = yield* weightSyncOf(c, options.runDir)
-      const trainer = trainerLayer(c, TrainingLoop.totalSteps(c, options.trainRows))
+      const trainer = trainerLayer(c, TrainingLoop.totalSteps(c.trainer, options.trainRows))
       const checkpointer = checkpointerLayer(c, options.runDir)
       const store = Layer.mergeAll(
         EpisodeLog.layer(options.runDir),

@@ -54,14 +54,14 @@ export const oldestVersion = (group: TrajectoryGroup): number | undefined => {
 
 /** The async source; its generation fibers are children of the calling fiber, interrupted by `close`. */
 export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.Inputs, start: TrainingLoop.Start) {
-  const { config } = inputs
+  const { settings } = inputs
   const generator = yield* Generator
   const engine = yield* InferenceEngine
   const episodeLog = yield* EpisodeLog
   const trainer = yield* Trainer
   const { B, steps, order, limit, pending } = yield* Rollouts.prepare(inputs, start)
-  const S = config.pipeline.max_staleness_steps
-  const K = config.pipeline.num_generation_workers
+  const S = settings.maxStaleness
+  const K = settings.workers
   const done = start.firstStep - 1
 
   const data = (start.checkpoint?.data ?? {}) as Partial<Rollouts.CheckpointData>
@@ -99,9 +99,9 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
       const cursor = yield* takeCursor
       if (cursor === undefined) return yield* manager.abandon
       const group = yield* generator.group(order.at(cursor), {
-        seed: PromptOrder.sampleSeed(config.generator.seed, cursor, B)
+        seed: PromptOrder.sampleSeed(settings.samplingSeed, cursor, B)
       })
-      if (config.logging.record_episodes) yield* episodeLog.append(group).pipe(Effect.orDie)
+      if (settings.recordEpisodes) yield* episodeLog.append(group).pipe(Effect.orDie)
       yield* manager.accept
       yield* Queue.offer(queue, group)
     }
@@ -163,7 +163,7 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
 
   // a local engine samples from the trainer's own variables, whatever publishes the versions: it must not decode
   // while an update writes them
-  const sharesWeights = config.generator.engine.kind === "local"
+  const sharesWeights = settings.engineSharesWeights
   const source: TrainingLoop.Source = {
     totalSteps: steps,
     batches: Stream.unfold(start.firstStep, (step) =>

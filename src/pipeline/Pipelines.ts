@@ -1,6 +1,7 @@
 /**
  * The training loop with each of its sources, as the commands run them: `train` (sync or async rollouts, by
- * `pipeline.mode`) and `replay` (a recorded episode log).
+ * `pipeline.mode`) and `replay` (a recorded episode log). The one place the pipeline's config slices are cut from the
+ * run config (TrainingLoop.settingsOf, Rollouts.settingsOf).
  */
 import { Effect } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
@@ -11,6 +12,7 @@ import { Trainer } from "../trainer/Trainer.ts"
 import * as AsyncSource from "./AsyncSource.ts"
 import * as Evaluator from "./Evaluator.ts"
 import * as ReplaySource from "./ReplaySource.ts"
+import * as Rollouts from "./Rollouts.ts"
 import * as SyncSource from "./SyncSource.ts"
 import * as TrainingLoop from "./TrainingLoop.ts"
 
@@ -30,22 +32,23 @@ export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs
   const weightSync = yield* WeightSync
   return yield* TrainingLoop.run(
     {
-      config,
+      settings: TrainingLoop.settingsOf(config),
       runDir: inputs.runDir,
       ...(inputs.resumeFrom === undefined ? {} : { resumeFrom: inputs.resumeFrom }),
       publish: (version) => weightSync.publish({ version, snapshot: trainer.snapshot }).pipe(Effect.orDie),
       evaluate: Evaluator.atStep(config, inputs.val),
       recordConsumed: true
     },
-    (start) =>
-      config.pipeline.mode === "async"
-        ? AsyncSource.make({ config, train: inputs.train }, start)
-        : SyncSource.make({ config, train: inputs.train }, start)
+    (start) => {
+      const rollouts = { settings: Rollouts.settingsOf(config), train: inputs.train }
+      return config.pipeline.mode === "async" ? AsyncSource.make(rollouts, start) : SyncSource.make(rollouts, start)
+    }
   )
 })
 
 /** Train from recorded groups (ReplaySource.recorded): no sampling, no publishing, no evaluation. */
 export const replay = (config: RunConfig, runDir: string, groups: ReadonlyArray<TrajectoryGroup>) =>
-  TrainingLoop.run<never, never>({ config, runDir, publish: () => Effect.void, recordConsumed: false }, () =>
-    ReplaySource.make(config, groups)
+  TrainingLoop.run<never, never>(
+    { settings: TrainingLoop.settingsOf(config), runDir, publish: () => Effect.void, recordConsumed: false },
+    () => ReplaySource.make(config.trainer, groups)
   )

@@ -13,7 +13,6 @@
  */
 import * as nodePath from "node:path"
 import { Clock, Effect, type FileSystem, Stream } from "effect"
-import type { RunConfig } from "../config/RunConfig.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
@@ -55,17 +54,20 @@ export const recorded = (
   })
 
 /** Steps a replay of `groups` groups trains: every batch (a partial last one too), at most `max_steps`. */
-export const totalSteps = (config: RunConfig, groups: number): number => {
-  const byData = Math.ceil(groups / config.trainer.train_batch_size)
-  return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
+export const totalSteps = (trainer: TrainingLoop.StepCount, groups: number): number => {
+  const byData = Math.ceil(groups / trainer.train_batch_size)
+  return trainer.max_steps === undefined ? byData : Math.min(trainer.max_steps, byData)
 }
 
-export const make = (config: RunConfig, groups: ReadonlyArray<TrajectoryGroup>): Effect.Effect<TrainingLoop.Source> =>
+export const make = (
+  trainer: TrainingLoop.StepCount,
+  groups: ReadonlyArray<TrajectoryGroup>
+): Effect.Effect<TrainingLoop.Source> =>
   Effect.sync(() => {
-    const B = config.trainer.train_batch_size
+    const B = trainer.train_batch_size
     let replayed = 0
     const source: TrainingLoop.Source = {
-      totalSteps: totalSteps(config, groups.length),
+      totalSteps: totalSteps(trainer, groups.length),
       batches: Stream.unfold(1, (step) =>
         (step - 1) * B >= groups.length
           ? Effect.succeed(undefined)

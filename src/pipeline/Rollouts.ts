@@ -29,9 +29,34 @@ export interface CheckpointData {
   readonly inflight?: number // groups in inflight.jsonl
 }
 
+/** The rollout sources' slice of the run config (`settingsOf`). */
+export interface Settings {
+  readonly steps: TrainingLoop.StepCount // trainer.{epochs, train_batch_size, max_steps}
+  readonly orderSeed: number // trainer.seed: the prompt order
+  readonly shuffle: boolean // data.shuffle
+  readonly samplingSeed: number // generator.seed: the base of every group's sampling seed
+  readonly maxConcurrentGroups: number // generator.max_concurrent_groups (sync)
+  readonly recordEpisodes: boolean // logging.record_episodes
+  readonly maxStaleness: number // pipeline.max_staleness_steps (async)
+  readonly workers: number // pipeline.num_generation_workers (async)
+  readonly engineSharesWeights: boolean // generator.engine.kind local: it samples from the trainer's variables
+}
+
+export const settingsOf = (c: RunConfig): Settings => ({
+  steps: c.trainer,
+  orderSeed: c.trainer.seed,
+  shuffle: c.data.shuffle,
+  samplingSeed: c.generator.seed,
+  maxConcurrentGroups: c.generator.max_concurrent_groups,
+  recordEpisodes: c.logging.record_episodes,
+  maxStaleness: c.pipeline.max_staleness_steps,
+  workers: c.pipeline.num_generation_workers,
+  engineSharesWeights: c.generator.engine.kind === "local"
+})
+
 /** The inputs both rollout sources take. */
 export interface Inputs {
-  readonly config: RunConfig
+  readonly settings: Settings
   readonly train: ReadonlyArray<PromptRow>
 }
 
@@ -49,17 +74,17 @@ const readInflight = (dir: string) =>
 
 /** The run's prompt order, its steps, and the in-flight groups restored from the checkpoint it starts from. */
 export const prepare = Effect.fn("Rollouts.prepare")(function* (inputs: Inputs, start: TrainingLoop.Start) {
-  const { config, train } = inputs
+  const { settings, train } = inputs
   const episodeLog = yield* EpisodeLog
-  const B = config.trainer.train_batch_size
-  const steps = TrainingLoop.totalSteps(config, train.length)
+  const B = settings.steps.train_batch_size
+  const steps = TrainingLoop.totalSteps(settings.steps, train.length)
   if (steps < 1) {
     return yield* new ConfigError({
       path: "trainer.train_batch_size",
-      message: `${train.length} training prompts × ${config.trainer.epochs} epochs cannot fill one batch of ${B}`
+      message: `${train.length} training prompts × ${settings.steps.epochs} epochs cannot fill one batch of ${B}`
     }).pipe(Effect.orDie)
   }
-  const order = PromptOrder.make(train, config.trainer.epochs, config.trainer.seed, config.data.shuffle)
+  const order = PromptOrder.make(train, settings.steps.epochs, settings.orderSeed, settings.shuffle)
   const limit = steps * B // cursors [0, limit) are trained on; a partial last batch is not
   const pending = new Map<number, TrajectoryGroup>() // generated, not trained
   if (start.checkpoint !== undefined) {

@@ -15,7 +15,7 @@ import * as Rollouts from "./Rollouts.ts"
 import type * as TrainingLoop from "./TrainingLoop.ts"
 
 export const make = Effect.fn("SyncSource.make")(function* (inputs: Rollouts.Inputs, start: TrainingLoop.Start) {
-  const { config } = inputs
+  const { settings } = inputs
   const generator = yield* Generator
   const episodeLog = yield* EpisodeLog
   const { B, steps, order, pending } = yield* Rollouts.prepare(inputs, start)
@@ -32,13 +32,13 @@ export const make = Effect.fn("SyncSource.make")(function* (inputs: Rollouts.Inp
           const restored = pending.get(prompt.cursor)
           if (restored !== undefined) return Effect.succeed({ group: restored, fresh: false })
           return generator
-            .group(prompt, { seed: PromptOrder.sampleSeed(config.generator.seed, prompt.cursor, B) })
+            .group(prompt, { seed: PromptOrder.sampleSeed(settings.samplingSeed, prompt.cursor, B) })
             .pipe(Effect.map((group) => ({ group, fresh: true })))
         },
-        { concurrency: config.generator.max_concurrent_groups }
+        { concurrency: settings.maxConcurrentGroups }
       )
       for (const p of prompts) pending.delete(p.cursor)
-      if (config.logging.record_episodes) {
+      if (settings.recordEpisodes) {
         yield* Effect.forEach(
           groups.filter((g) => g.fresh),
           (g) => episodeLog.append(g.group),

@@ -80,8 +80,26 @@ export interface Source {
   readonly checkpoint: (step: number, failed?: ReadonlyArray<TrajectoryGroup>) => Effect.Effect<CheckpointPart>
 }
 
+/** The loop's slice of the run config (`settingsOf`). */
+export interface Settings {
+  readonly evalBeforeTrain: boolean // trainer.eval_before_train
+  readonly evalInterval: number // trainer.eval_interval (0: none)
+  readonly checkpointInterval: number // checkpoint.interval (0: only the last step)
+  readonly maxTrainSeconds?: number // trainer.max_train_seconds
+}
+
+export const settingsOf = (c: RunConfig): Settings => ({
+  evalBeforeTrain: c.trainer.eval_before_train,
+  evalInterval: c.trainer.eval_interval,
+  checkpointInterval: c.checkpoint.interval,
+  ...(c.trainer.max_train_seconds === undefined ? {} : { maxTrainSeconds: c.trainer.max_train_seconds })
+})
+
+/** The trainer keys that fix how many steps a run has. */
+export type StepCount = Pick<RunConfig["trainer"], "epochs" | "train_batch_size" | "max_steps">
+
 export interface Options<R = never> {
-  readonly config: RunConfig
+  readonly settings: Settings
   readonly runDir: string
   readonly resumeFrom?: string
   /** Publish the trainer's weights as `version` to whatever samples from them (nothing for replay). */
@@ -105,15 +123,13 @@ export interface Summary {
 }
 
 /** When training must stop (epoch ms), for `trainer.max_train_seconds` counted from `start`; Infinity without it. */
-export const deadlineOf = (config: RunConfig, start: number): number =>
-  config.trainer.max_train_seconds === undefined
-    ? Number.POSITIVE_INFINITY
-    : start + config.trainer.max_train_seconds * 1000
+export const deadlineOf = (settings: Settings, start: number): number =>
+  settings.maxTrainSeconds === undefined ? Number.POSITIVE_INFINITY : start + settings.maxTrainSeconds * 1000
 
 /** Steps a run of `trainRows` prompts trains: whole batches over `epochs`, at most `max_steps`. */
-export const totalSteps = (config: RunConfig, trainRows: number): number => {
-  const byData = Math.floor((trainRows * config.trainer.epochs) / config.trainer.train_batch_size)
-  return config.trainer.max_steps === undefined ? byData : Math.min(config.trainer.max_steps, byData)
+export const totalSteps = (trainer: StepCount, trainRows: number): number => {
+  const byData = Math.floor((trainRows * trainer.epochs) / trainer.train_batch_size)
+  return trainer.max_steps === undefined ? byData : Math.min(trainer.max_steps, byData)
 }
 
 const promptsOf = (groups: ReadonlyArray<TrajectoryGroup>) => groups.map((g) => `${g.promptUid}@${g.cursor}`).join(", ")
@@ -147,7 +163,7 @@ export const run = <R1, R2>(
   R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel
 > =>
   Effect.gen(function* () {
-    const { config, runDir } = options
+    const { settings, runDir } = options
     const trainer = yield* Trainer
     const metrics = yield* Metrics
     const checkpointer = yield* Checkpointer
@@ -171,7 +187,7 @@ export const run = <R1, R2>(
     const steps = source.totalSteps
     const evaluate: NonNullable<Options<R1>["evaluate"]> = options.evaluate ?? (() => Effect.succeed(undefined))
     const evalBefore =
-      config.trainer.eval_before_train && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
+      settings.evalBeforeTrain && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
 
     const save = (step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
       Effect.gen(function* () {
@@ -243,7 +259,7 @@ export const run = <R1, R2>(
         return { result, values }
       })
 
-    const deadline = deadlineOf(config, yield* Clock.currentTimeMillis)
+    const deadline = deadlineOf(settings, yield* Clock.currentTimeMillis)
     let groups = 0
     let last: Trained | undefined
     let checkpoint: string | undefined
@@ -265,7 +281,7 @@ export const run = <R1, R2>(
             yield* Effect.logInfo(`stop requested: checkpointing step ${batch.step} and stopping`)
           if (stopped === "max_train_seconds") {
             yield* Effect.logInfo(
-              `trainer.max_train_seconds (${config.trainer.max_train_seconds}) reached after step ${batch.step} of ${steps}: stopping`
+              `trainer.max_train_seconds (${settings.maxTrainSeconds}) reached after step ${batch.step} of ${steps}: stopping`
             )
           }
           const trained: Trained = {
@@ -282,10 +298,10 @@ export const run = <R1, R2>(
         Effect.gen(function* () {
           last = t
           const step = t.batch.step
-          if (config.trainer.eval_interval > 0 && step % config.trainer.eval_interval === 0 && !t.last) {
+          if (settings.evalInterval > 0 && step % settings.evalInterval === 0 && !t.last) {
             yield* evaluate(`at step ${step}`, step)
           }
-          if (t.last || (config.checkpoint.interval > 0 && step % config.checkpoint.interval === 0)) {
+          if (t.last || (settings.checkpointInterval > 0 && step % settings.checkpointInterval === 0)) {
             checkpoint = yield* save(step, yield* trainer.state)
           }
         })
