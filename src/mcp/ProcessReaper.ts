@@ -6,31 +6,50 @@
  * hold: `+PGID` registers a group, `-PGID` forgets it (it ended). When the pipe closes — our process ended, by any
  * means — the reaper kills every group still registered and exits.
  *
- * The reaper never keeps our event loop alive (its handle and pipe are unref'd). Where there is no /bin/sh, groups
- * are only killed by the client's exit hook.
+ * The reaper never keeps our event loop alive (its handle and pipe are unref'd). Where there is no /bin/sh or no
+ * /proc (to tell a group from a later one that reuses its id), groups are only killed by the client's exit hook.
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import { existsSync } from "node:fs"
+import { existsSync, readFileSync } from "node:fs"
 import type { Socket } from "node:net"
 
-// `read` returns non-zero at EOF: the loop ends when our end of the pipe closes
+// `read` returns non-zero at EOF: the loop ends when our end of the pipe closes. Each entry is `PGID:START`, START
+// being the group leader's start time (field 22 of /proc/PID/stat): pids are reused (pid_max may be 32768), so a group
+// is killed only while its leader is the very process we started, never a later process that got the same id.
 const script = `
 groups=" "
 while IFS= read -r line; do
   case "$line" in
     +*) groups="$groups\${line#+} " ;;
-    -*) groups=$(printf '%s' "$groups" | sed "s/ \${line#-} / /") ;;
+    -*) groups=$(printf '%s' "$groups" | sed "s/ \${line#-}:[0-9]* / /") ;;
   esac
 done
-for g in $groups; do kill -KILL "-$g" 2>/dev/null; done
+for entry in $groups; do
+  g=\${entry%%:*}
+  start=\${entry#*:}
+  stat=$(cat "/proc/$g/stat" 2>/dev/null) || continue
+  set -- \${stat##*) }
+  shift 19
+  [ "$1" = "$start" ] && kill -KILL "-$g" 2>/dev/null
+done
 `
+
+/** The start time of process `pid` (clock ticks since boot), undefined when it cannot be read. */
+const startTime = (pid: number): string | undefined => {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8")
+    return stat.slice(stat.lastIndexOf(") ") + 2).split(" ")[19]
+  } catch {
+    return undefined
+  }
+}
 
 let reaper: ChildProcess | undefined
 let unavailable = false
 
 const start = (): ChildProcess | undefined => {
   if (reaper !== undefined || unavailable) return reaper
-  if (process.platform === "win32" || !existsSync("/bin/sh")) {
+  if (process.platform === "win32" || !existsSync("/bin/sh") || !existsSync("/proc/self/stat")) {
     unavailable = true
     return undefined
   }
@@ -51,7 +70,9 @@ const start = (): ChildProcess | undefined => {
 
 /** Kill process group `pgid` when this process ends, however it ends (until `forget`). */
 export const register = (pgid: number): void => {
-  start()?.stdin?.write(`+${pgid}\n`)
+  const started = startTime(pgid)
+  if (started === undefined || pgid <= 1) return // gone already, or not a group we may ever kill
+  start()?.stdin?.write(`+${pgid}:${started}\n`)
 }
 
 /** The group ended (or was killed by us): the reaper must not kill a later group that reuses its id. */

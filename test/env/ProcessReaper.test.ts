@@ -2,7 +2,7 @@
  * The reaper kills the process groups a process registered when that process is killed with SIGKILL (no exit code
  * runs), and leaves forgotten groups alone.
  */
-import { spawn, spawnSync } from "node:child_process"
+import { spawn } from "node:child_process"
 import { assert, describe, it } from "@effect/vitest"
 
 const alive = (pid: number): boolean => {
@@ -42,6 +42,6 @@ describe("ProcessReaper", () => {
     while (alive(pids.a) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50))
     assert.isFalse(alive(pids.a), "the registered group is killed")
     assert.isTrue(alive(pids.b), "a forgotten group is left alone")
-    spawnSync("kill", ["-KILL", `-${pids.b}`])
+    process.kill(-pids.b, "SIGKILL")
   }, 30_000)
 })
