@@ -9,13 +9,9 @@
  */
 import { Config, Console, Effect, Option, Redacted } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as Serve from "../layers/Serve.ts"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
-
-/** As Serve.ServeOptions / Serve.start (kept here for callers of the command module). */
-export type ServeOptions = Serve.ServeOptions
-export const start = Serve.start
+import * as Serve from "../layers/Serve.ts"
 
 export const command = Command.make(
   "serve",
@@ -57,7 +53,7 @@ export const command = Command.make(
         if (Option.isNone(token)) {
           yield* Console.error(`${tokenEnv} is not set: POST /v1/weights is disabled`)
         }
-        const url = yield* start({
+        const url = yield* Serve.start({
           model,
           host,
           port,

@@ -7,11 +7,11 @@
  */
 import { Cause, Console, Effect, Option, Schema, Stream } from "effect"
 import { Command, Flag } from "effect/cli"
-import * as RunLayers from "../layers/RunLayers.ts"
 import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import { ConfigError } from "../domain/Errors.ts"
+import * as RunLayers from "../layers/RunLayers.ts"
 import * as Report from "../metrics/Report.ts"
 import * as Pipelines from "../pipeline/Pipelines.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
@@ -43,9 +43,6 @@ export const readRows = Effect.fn("cli.readRows")(function* (
   }
   return kept
 })
-
-/** As RunDirectory.resolveResume (kept here for callers of the command module). */
-export const resolveResume = RunDirectory.resolveResume
 
 export const command = Command.make(
   "train",

@@ -397,9 +397,6 @@ const asMetricRecord = (value: unknown): Option.Option<MetricRecord> =>
 
 const firstLine = (e: { readonly message: string }) => e.message.split("\n")[0] ?? ""
 
-const ConsumedLine = Schema.Struct({ uid: Schema.String, cursor: Schema.Int, step: Schema.Int })
-const asConsumedLine = Schema.decodeUnknownOption(ConsumedLine)
-
 /**
  * The run's config (config.yaml, as `train` resolved it); undefined when absent. A file that is not YAML fails; one
  * that no longer decodes (a key renamed since the run) is a warning, and the report leaves out what it would take
@@ -475,7 +472,7 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   const specialIds = new Set(tokenizer?.addedTokens.map((t) => t.id) ?? [])
 
   // the step each recorded group was trained in: consumed.jsonl, or without it (an older run) the file order
-  const consumed = yield* readJsonl(ConsumedLog.file(runDir), "a consumed-prompt line", asConsumedLine)
+  const consumed = yield* ConsumedLog.read(runDir)
   const stepOf = new Map(consumed.map((c) => [groupKey(c.uid, c.cursor), c.step] as const))
   const batchSize = config?.trainer.train_batch_size ?? 1
   const steps = consumed.length > 0 ? [...new Set(consumed.map((c) => c.step))].sort((a, b) => a - b) : train.steps

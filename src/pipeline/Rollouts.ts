@@ -14,8 +14,6 @@ import type { RunConfig } from "../config/RunConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import { TrajectoryGroup } from "../domain/Trajectory.ts"
-import * as ConsumedLog from "../store/ConsumedLog.ts"
-import { EpisodeLog } from "../store/EpisodeLog.ts"
 import * as PromptOrder from "./PromptOrder.ts"
 import * as TrainingLoop from "./TrainingLoop.ts"
 
@@ -75,7 +73,6 @@ const readInflight = (dir: string) =>
 /** The run's prompt order, its steps, and the in-flight groups restored from the checkpoint it starts from. */
 export const prepare = Effect.fn("Rollouts.prepare")(function* (inputs: Inputs, start: TrainingLoop.Start) {
   const { settings, train } = inputs
-  const episodeLog = yield* EpisodeLog
   const B = settings.steps.train_batch_size
   const steps = TrainingLoop.totalSteps(settings.steps, train.length)
   if (steps < 1) {
@@ -94,8 +91,6 @@ export const prepare = Effect.fn("Rollouts.prepare")(function* (inputs: Inputs, 
     if (pending.size > 0)
       yield* Effect.logInfo(`${pending.size} in-flight groups restored from ${start.checkpoint.dir}`)
   }
-  // appending after a crash must not glue a new line onto a torn one
-  yield* ConsumedLog.dropTornTail(episodeLog.file)
   return { B, steps, order, limit, pending }
 })
 

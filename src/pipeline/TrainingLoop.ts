@@ -32,7 +32,7 @@ import { Metrics } from "../metrics/Metrics.ts"
 import { Checkpointer } from "../store/Checkpointer.ts"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import { PolicyModel } from "../trainer/PolicyModel.ts"
-import { type StepResult, Trainer, type TrainerState } from "../trainer/Trainer.ts"
+import { Trainer, type TrainerState } from "../trainer/Trainer.ts"
 import type * as Evaluator from "./Evaluator.ts"
 import * as StopSignal from "./StopSignal.ts"
 
@@ -146,7 +146,6 @@ const describe = (cause: Cause.Cause<unknown>): string => {
 
 interface Trained {
   readonly batch: Batch
-  readonly result: StepResult
   readonly last: boolean
   readonly stopped?: "max_train_seconds" | "signal"
 }
@@ -256,7 +255,6 @@ export const run = <R1, R2>(
         }
         yield* metrics.record("train", batch.step, values)
         yield* metrics.progress({ step: batch.step, totalSteps: steps, values })
-        return { result, values }
       })
 
     const deadline = deadlineOf(settings, yield* Clock.currentTimeMillis)
@@ -267,7 +265,7 @@ export const run = <R1, R2>(
       Stream.take(Math.max(0, steps - start.firstStep + 1)),
       Stream.mapEffect((batch) =>
         Effect.gen(function* () {
-          const { result } = yield* trainStep(batch)
+          yield* trainStep(batch)
           groups += batch.groups.length
           const isLast = batch.step >= steps
           const stopped: Trained["stopped"] = isLast
@@ -286,7 +284,6 @@ export const run = <R1, R2>(
           }
           const trained: Trained = {
             batch,
-            result,
             last: isLast || stopped !== undefined,
             ...(stopped ? { stopped } : {})
           }

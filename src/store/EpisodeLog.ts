@@ -9,6 +9,7 @@
 import { Context, Effect, FileSystem, Layer, Path, Schema, Semaphore, Stream } from "effect"
 import { CliError } from "effect/cli"
 import { TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as ConsumedLog from "./ConsumedLog.ts"
 
 export class EpisodeLogError extends Schema.TaggedError<EpisodeLogError>()("EpisodeLogError", {
   file: Schema.String,
@@ -42,6 +43,8 @@ export const make = Effect.fn("EpisodeLog.make")(function* (dir: string) {
   const fail = (message: string) => (cause: { readonly message: string }) =>
     new EpisodeLogError({ file, message: `${message}: ${cause.message}` })
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail("cannot create run directory")))
+  // a resumed run appends after a crash: a torn last line must not swallow the next group
+  yield* ConsumedLog.dropTornTail(file)
   const handle = yield* fs.open(file, { flag: "a" }).pipe(Effect.mapError(fail("cannot open")))
   const encoder = new TextEncoder()
   const lock = yield* Semaphore.make(1) // lines from concurrent producers never interleave

@@ -7,12 +7,12 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect, Schedule } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as ServeCommand from "../../src/cli/ServeCommand.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import { InferenceEngine, type SamplingParams } from "../../src/inference/InferenceEngine.ts"
 import * as OpenAiServer from "../../src/inference/OpenAiServer.ts"
 import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
 import * as WeightUpload from "../../src/inference/WeightUpload.ts"
+import * as Serve from "../../src/layers/Serve.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
@@ -54,7 +54,7 @@ const withServer = <A, E, R>(body: (url: string, dir: string) => Effect.Effect<A
       yield* Effect.promise(() => Checkpoint.save(model, dir))
       Transformer.dispose(model)
       yield* AutoTokenizer.save(ByteTokenizer.make(), dir).pipe(Effect.provide(NodeServices.layer), Effect.orDie)
-      const url = yield* ServeCommand.start({
+      const url = yield* Serve.start({
         model: dir,
         host: "127.0.0.1",
         port: 0,

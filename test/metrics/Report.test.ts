@@ -162,7 +162,7 @@ describe("Report.write", () => {
     Effect.gen(function* () {
       const error = yield* Report.write("/nonexistent/run").pipe(Effect.flip)
       assert.strictEqual(error._tag, "ReportError")
-      assert.strictEqual(error.path, "/nonexistent/run")
+      assert.strictEqual(error._tag === "ReportError" ? error.path : undefined, "/nonexistent/run")
     }).pipe(Effect.provide(NodeServices.layer))
   )
 })

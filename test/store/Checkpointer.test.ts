@@ -4,10 +4,10 @@ import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Logger } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as TrainCommand from "../../src/cli/TrainCommand.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
+import * as RunDirectory from "../../src/store/RunDirectory.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as TinyPolicy from "../fixtures/TinyPolicy.ts"
 
@@ -41,7 +41,7 @@ describe("Checkpointer.resolveModelDir", () => {
   })
 })
 
-describe("train --resume latest (TrainCommand.resolveResume)", () => {
+describe("train --resume latest (RunDirectory.resolveResume)", () => {
   /** A run directory with real checkpoints of steps 1 and 2 (Checkpointer.save), `latest` naming step-2. */
   const savedRun = Effect.gen(function* () {
     yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
@@ -79,7 +79,7 @@ describe("train --resume latest (TrainCommand.resolveResume)", () => {
         // a power loss after the unsynced rename: `latest` is there but empty; a save of step 3 never finished
         writeFileSync(join(checkpoints, "latest"), "")
         mkdirSync(join(checkpoints, "step-3.tmp"))
-        const resumeFrom = yield* TrainCommand.resolveResume(runDir, "latest")
+        const resumeFrom = yield* RunDirectory.resolveResume(runDir, "latest")
         assert.strictEqual(resumeFrom, join(checkpoints, "step-2"))
         assert.isTrue(logs.some((l) => l.includes("is empty or unreadable: resuming from the newest complete")))
         // and that checkpoint reads back: the run goes on at step 2
@@ -95,9 +95,9 @@ describe("train --resume latest (TrainCommand.resolveResume)", () => {
     Effect.gen(function* () {
       const { runDir, checkpoints } = yield* savedRun
       rmSync(join(checkpoints, "latest"))
-      assert.strictEqual(yield* TrainCommand.resolveResume(runDir, "latest"), join(checkpoints, "step-2"))
+      assert.strictEqual(yield* RunDirectory.resolveResume(runDir, "latest"), join(checkpoints, "step-2"))
       const fresh = mkdtempSync(join(tmpdir(), "effect-rl-resume-"))
-      assert.isUndefined(yield* TrainCommand.resolveResume(fresh, "latest"))
+      assert.isUndefined(yield* RunDirectory.resolveResume(fresh, "latest"))
     })
   )
 
@@ -108,7 +108,7 @@ describe("train --resume latest (TrainCommand.resolveResume)", () => {
       for (const step of readdirSync(checkpoints).filter((d) => d.startsWith("step-"))) {
         rmSync(join(checkpoints, step, "trainer_state.json"))
       }
-      const exit = yield* Effect.exit(TrainCommand.resolveResume(runDir, "latest"))
+      const exit = yield* Effect.exit(RunDirectory.resolveResume(runDir, "latest"))
       assert.isTrue(Exit.isFailure(exit))
       const error = Exit.isFailure(exit) ? String(exit.cause) : ""
       assert.include(error, "CheckpointError")
