@@ -10,12 +10,12 @@
 namespace effect_rl {
 
 // The table's hash (Abi.hash): info() reports it, and the loader refuses an addon built from another table.
-constexpr const char kAbiHash[] = "41869580dd69229d";
+constexpr const char kAbiHash[] = "1ea208d3d30ee486";
 
 // matmul: out[b] = act(op(A[ia(b)]) · op(B[ib(b)]) + bias). ia(b) is aBatchIndex[b] when given (general batch
 // broadcasting), else b · aBatchStride; likewise ib. bias is a [N] row.
 struct MatmulArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t a;  // byte offset of float32 data
   int64_t b;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
@@ -59,7 +59,7 @@ inline bool unpack(Args& args, MatmulArgs* in) {
 // binary: out[i0..i3] = op(a[Σ ik·aStrides[k]], b[Σ ik·bStrides[k]]) over a contiguous 4-d out: float32 in, float32 out
 // (compare = false: BinaryOp) or bool bytes (compare = true: CompareOp).
 struct BinaryArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int op;
   bool compare;
   int64_t a;  // byte offset of float32 data
@@ -95,7 +95,7 @@ inline bool unpack(Args& args, BinaryArgs* in) {
 
 // unary: out[i] = op(x[i]) for i < n (UnaryOp; alpha: Step's value at x ≤ 0).
 struct UnaryArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int op;
   int64_t x;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
@@ -116,7 +116,7 @@ inline bool unpack(Args& args, UnaryArgs* in) {
 
 // reduce: x viewed as [outer, reduce, inner] → out [outer, inner] (ReduceOp).
 struct ReduceArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int op;
   int64_t x;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
@@ -140,7 +140,7 @@ inline bool unpack(Args& args, ReduceArgs* in) {
 // transpose: out (contiguous, outShape) = x read with inStrides: the stride in x of the axis that becomes each out
 // axis. Also a strided slice (x offset to the first element).
 struct TransposeArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset
   int64_t out;  // byte offset
   int elementBytes;  // 4 or 1
@@ -163,7 +163,7 @@ inline bool unpack(Args& args, TransposeArgs* in) {
 
 // cast: out[i] = x[i] converted as `kind` says (CastKind), i < n.
 struct CastArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int kind;
   int64_t x;  // byte offset
   int64_t out;  // byte offset
@@ -182,7 +182,7 @@ inline bool unpack(Args& args, CastArgs* in) {
 
 // softmax: softmax (or log-softmax) over the last axis of x [rows, n].
 struct SoftmaxArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
   int64_t rows;
@@ -204,7 +204,7 @@ inline bool unpack(Args& args, SoftmaxArgs* in) {
 // gather: x [outer, axisDim, inner] → out [outer, count, inner]. Returns false, writing nothing, when an index is
 // outside [0, axisDim): the caller raises tfjs' error.
 struct GatherArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset
   int64_t indices;  // byte offset of int32 data
   int64_t out;  // byte offset
@@ -231,7 +231,7 @@ inline bool unpack(Args& args, GatherArgs* in) {
 
 // segmentSum: out[s, :] = Σ_{i: ids[i] = s} x[i, :]; ids outside [0, numSegments) are dropped.
 struct SegmentSumArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset of float32 data
   int64_t segmentIds;  // byte offset of int32 data
   int64_t out;  // byte offset of float32 data
@@ -255,7 +255,7 @@ inline bool unpack(Args& args, SegmentSumArgs* in) {
 // adam: One pass of tfjs' AdamOptimizer update in its operation order: m' = m·β1 + g·(1−β1), v' = v·β2 + g²·(1−β2),
 // value' = (m'/c1) / (√(v'/c2) + ε) · (−lr) + value, with c1 = 1 − β1ᵗ, c2 = 1 − β2ᵗ.
 struct AdamArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t value;  // byte offset of float32 data
   int64_t grad;  // byte offset of float32 data
   int64_t m;  // byte offset of float32 data
@@ -294,7 +294,7 @@ inline bool unpack(Args& args, AdamArgs* in) {
 
 // copyBlocks: dst[o·dstStride + :chunk] = src[o·srcStride + :chunk] for o < outer, all in bytes (Concat, SplitV).
 struct CopyBlocksArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t src;  // byte offset
   int64_t dst;  // byte offset
   int64_t outer;
@@ -317,7 +317,7 @@ inline bool unpack(Args& args, CopyBlocksArgs* in) {
 
 // rmsNorm: out[r] = x[r] · rstd(x[r]) (· w[r mod wRows] when w is given); x, out [rows, n].
 struct RmsNormArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset of float32 data
   int64_t w;  // byte offset of float32 data; < 0: none
   int64_t out;  // byte offset of float32 data
@@ -343,7 +343,7 @@ inline bool unpack(Args& args, RmsNormArgs* in) {
 // rmsNormGrad: dx = r·(g − x̂·mean(g·x̂)) with g = dy·w, x̂ = x·r, r = rstd(x); dw[k] = Σ_{r ≡ k mod wRows} dy[r]·x̂[r]
 // (when dw is given).
 struct RmsNormGradArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset of float32 data
   int64_t w;  // byte offset of float32 data; < 0: none
   int64_t dy;  // byte offset of float32 data
@@ -373,7 +373,7 @@ inline bool unpack(Args& args, RmsNormGradArgs* in) {
 // swiglu: out[r, i] = silu(gate[r, i]) · up[r, i]; rows of the inputs gateStride/upStride floats apart (a joined
 // gate|up tensor is two strided views), out contiguous [rows, n].
 struct SwigluArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t gate;  // byte offset of float32 data
   int64_t up;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
@@ -398,7 +398,7 @@ inline bool unpack(Args& args, SwigluArgs* in) {
 
 // swigluGrad: s = σ(g); dgate = dy·u·s·(1 + g·(1 − s)); dup = dy·g·s, all [rows, n].
 struct SwigluGradArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t gate;  // byte offset of float32 data
   int64_t up;  // byte offset of float32 data
   int64_t dy;  // byte offset of float32 data
@@ -423,7 +423,7 @@ inline bool unpack(Args& args, SwigluGradArgs* in) {
 
 // rope: HF rotate_half RoPE (backward: its transpose) of x, out [n, heads, headDim]; cos, sin [n, headDim].
 struct RopeArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t x;  // byte offset of float32 data
   int64_t cos;  // byte offset of float32 data
   int64_t sin;  // byte offset of float32 data
@@ -452,7 +452,7 @@ inline bool unpack(Args& args, RopeArgs* in) {
 // norm [H + Hkv, hd] (when given) then rotated (cos, sin [B·T, hd]). keys/values [B, capacity, Hkv, hd] hold the P past
 // slots (pastK/pastV [B, pastCapacity, Hkv, hd]), then the new ones; keys == pastK: appended in place.
 struct QkvPrepArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t qkv;  // byte offset of float32 data
   int64_t cos;  // byte offset of float32 data
   int64_t sin;  // byte offset of float32 data
@@ -500,7 +500,7 @@ inline bool unpack(Args& args, QkvPrepArgs* in) {
 // attention: q, out [B, T, H, hd]; k, v [B, capacity, Hkv, hd] of which the first L = length slots count; bias [B, T,
 // L] additive; probs [B, H, T, L] kept when given. Query head h reads KV head h / (H / Hkv).
 struct AttentionArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t q;  // byte offset of float32 data
   int64_t k;  // byte offset of float32 data
   int64_t v;  // byte offset of float32 data
@@ -539,7 +539,7 @@ inline bool unpack(Args& args, AttentionArgs* in) {
 
 // attentionGrad: The gradients of attention (bias is constant) from its kept probs; k, v, dk, dv [B, L, Hkv, hd].
 struct AttentionGradArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t q;  // byte offset of float32 data
   int64_t k;  // byte offset of float32 data
   int64_t v;  // byte offset of float32 data
@@ -581,7 +581,7 @@ inline bool unpack(Args& args, AttentionGradArgs* in) {
 // linear: out = diag(r) · (a @ b) + residual, a [m, k], b [k, n]; r_i = rstd(a_i) when normEps ≥ 0 (an RMSNorm whose
 // weight is folded into b's rows), else 1.
 struct LinearArgs {
-  Heap heap;  // the wasm heap
+  Heap heap;  // the wasm heap; null: absolute addresses
   int64_t a;  // byte offset of float32 data
   int64_t b;  // byte offset of float32 data
   int64_t out;  // byte offset of float32 data
@@ -603,6 +603,45 @@ inline bool unpack(Args& args, LinearArgs* in) {
   in->k = (int)args.i64(6);
   in->residual = args.i64(7);
   in->normEps = args.num(8);
+  return args.ok;
+}
+
+// addressOf: The address of a view's first byte (a JS number; exact below 2⁵³). V8 never moves an ArrayBuffer's backing
+// store once it has one, and asking for the address gives a small on-heap typed array its own, so the address holds as
+// long as the view is alive.
+struct AddressOfArgs {
+  View view;  // a typed array or DataView
+};
+napi_value AddressOf(Args& args, const AddressOfArgs& in);
+inline bool unpack(Args& args, AddressOfArgs* in) {
+  if (!args.expectCount(1, "addressOf")) return false;
+  in->view = args.view(0);
+  return args.ok;
+}
+
+// loadTensor: Read `rows · cols` elements of type `dtype` (0 float32, 1 bfloat16, 2 float16) at byte `offset` of the
+// file at `path` and write them widened to float32 into `out` (transposed to [cols, rows] when `transpose`), in blocks
+// through a small buffer: no copy of the file's bytes is kept. Returns the bytes read; throws naming the file when it
+// is shorter than the range.
+struct LoadTensorArgs {
+  std::string path;
+  int64_t offset;  // bytes
+  int dtype;  // 0 float32, 1 bfloat16, 2 float16
+  int64_t rows;
+  int64_t cols;
+  bool transpose;
+  View out;  // a typed array or DataView; float32, rows · cols elements
+};
+napi_value LoadTensor(Args& args, const LoadTensorArgs& in);
+inline bool unpack(Args& args, LoadTensorArgs* in) {
+  if (!args.expectCount(7, "loadTensor")) return false;
+  in->path = args.string(0);
+  in->offset = args.i64(1);
+  in->dtype = (int)args.i64(2);
+  in->rows = args.i64(3);
+  in->cols = args.i64(4);
+  in->transpose = args.flag(5);
+  in->out = args.view(6);
   return args.ok;
 }
 
@@ -661,6 +700,8 @@ constexpr Export kExports[] = {
     {"attention", entry<AttentionArgs, Attention>},
     {"attentionGrad", entry<AttentionGradArgs, AttentionGrad>},
     {"linear", entry<LinearArgs, Linear>},
+    {"addressOf", entry<AddressOfArgs, AddressOf>},
+    {"loadTensor", entry<LoadTensorArgs, LoadTensor>},
     {"setThreads", entry<SetThreadsArgs, SetThreads>},
     {"info", entry<InfoArgs, Info>},
 };

@@ -11,7 +11,8 @@
         "layout.cc",
         "adam.cc",
         "fused.cc",
-        "attention.cc"
+        "attention.cc",
+        "io.cc"
       ],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],

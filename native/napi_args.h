@@ -10,13 +10,21 @@
 
 namespace effect_rl {
 
+// First byte and byte length of a typed array or DataView argument.
+struct View {
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
 // Base pointer and element count of an Int32Array argument (data == nullptr: null was passed).
 struct Int32s {
   const int32_t* data = nullptr;
   size_t count = 0;
 };
 
-// The wasm heap, with bounds checks: every tensor range a kernel touches must lie inside it.
+// The wasm heap, with bounds checks: every tensor range a kernel touches must lie inside it. A null heap argument
+// (the native backend, whose tensors each have their own buffer in JS memory) makes offsets absolute addresses: base
+// 0, no upper bound; the checks then only reject negative and misaligned addresses.
 struct Heap {
   uint8_t* base = nullptr;
   size_t length = 0;
@@ -27,8 +35,10 @@ struct Heap {
     return offset >= 0 && count >= 0 && (uint64_t)offset + (uint64_t)count * elemBytes <= length &&
            offset % elemBytes == 0;
   }
-  float* f32(int64_t offset) const { return reinterpret_cast<float*>(base + offset); }
-  int32_t* i32(int64_t offset) const { return reinterpret_cast<int32_t*>(base + offset); }
+  float* f32(int64_t offset) const { return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(base) + offset); }
+  int32_t* i32(int64_t offset) const {
+    return reinterpret_cast<int32_t*>(reinterpret_cast<uintptr_t>(base) + offset);
+  }
 };
 
 // One call's arguments. A failed read throws one JS error (EFFECT_RL_NATIVE) and clears `ok`; the kernel then returns
@@ -65,13 +75,51 @@ struct Args {
     napi_typeof(env, argv[i], &t);
     return t == napi_null || t == napi_undefined;
   }
-  // The wasm heap view (a Uint8Array over the wasm memory).
+  // The wasm heap view (a Uint8Array over the wasm memory), or null: absolute addresses.
   Heap heap(size_t i) {
     Heap h;
+    if (isNullish(i)) {
+      h.length = (size_t)INT64_MAX;
+      return h;
+    }
     void* data = nullptr;
     if (!typedArray(i, napi_uint8_array, &data, &h.length)) fail("expected a Uint8Array argument (the heap)");
     h.base = static_cast<uint8_t*>(data);
     return h;
+  }
+  View view(size_t i) {
+    View v;
+    bool isTyped = false, isView = false;
+    if (i < argc) napi_is_typedarray(env, argv[i], &isTyped);
+    if (i < argc && !isTyped) napi_is_dataview(env, argv[i], &isView);
+    if (isTyped) {
+      napi_typedarray_type type;
+      size_t length = 0, offset = 0;
+      napi_value buffer;
+      void* data = nullptr;
+      napi_get_typedarray_info(env, argv[i], &type, &length, &data, &buffer, &offset);
+      v.data = static_cast<uint8_t*>(data);
+      v.bytes = length * elementBytes(type);
+    } else if (isView) {
+      napi_value buffer;
+      size_t offset = 0;
+      void* data = nullptr;
+      napi_get_dataview_info(env, argv[i], &v.bytes, &data, &buffer, &offset);
+      v.data = static_cast<uint8_t*>(data);
+    } else {
+      fail("expected a typed array or DataView argument");
+    }
+    return v;
+  }
+  std::string string(size_t i) {
+    size_t length = 0;
+    if (i >= argc || napi_get_value_string_utf8(env, argv[i], nullptr, 0, &length) != napi_ok) {
+      fail("expected a string argument");
+      return std::string();
+    }
+    std::string s(length, '\0');
+    napi_get_value_string_utf8(env, argv[i], s.data(), length + 1, &length);
+    return s;
   }
   Int32s int32s(size_t i) {
     Int32s a;
@@ -86,6 +134,23 @@ struct Args {
   }
 
  private:
+  static size_t elementBytes(napi_typedarray_type type) {
+    switch (type) {
+      case napi_int8_array:
+      case napi_uint8_array:
+      case napi_uint8_clamped_array:
+        return 1;
+      case napi_int16_array:
+      case napi_uint16_array:
+        return 2;
+      case napi_float64_array:
+      case napi_bigint64_array:
+      case napi_biguint64_array:
+        return 8;
+      default:
+        return 4;
+    }
+  }
   bool typedArray(size_t i, napi_typedarray_type want, void** data, size_t* count) {
     napi_typedarray_type type;
     napi_value buffer;

@@ -3,8 +3,8 @@
  * process (or worker thread) and reports what it picked. `auto` prefers the native TensorFlow bindings when the user
  * has installed them (`@tensorflow/tfjs-node-gpu`; they are optional peers that cannot be installed in every
  * environment), then WebGPU through Dawn when it finds a hardware adapter (a GPU with a Vulkan driver; a software
- * rasteriser such as lavapipe only when asked for by name), then `@tensorflow/tfjs-node`, wasm, and the pure-JS cpu
- * backend.
+ * rasteriser such as lavapipe only when asked for by name), then `@tensorflow/tfjs-node`, effect-rl's `native` backend
+ * (when its kernels built: tensors in JS memory, no 4 GB ceiling), wasm, and the pure-JS cpu backend.
  */
 
 import { availableParallelism } from "node:os"
@@ -12,8 +12,9 @@ import { isMainThread } from "node:worker_threads"
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
-import * as MissingKernels from "./MissingKernels.ts"
 import * as NativeKernels from "../native/NativeKernels.ts"
+import * as MissingKernels from "./MissingKernels.ts"
+import * as NativeBackend from "./NativeBackend.ts"
 import * as WebGpu from "./WebGpu.ts"
 
 export type ResolvedBackend = Exclude<BackendName, "auto">
@@ -39,7 +40,12 @@ const tfjsNameOf = (name: ResolvedBackend): string =>
   name === "tensorflow-gpu" || name === "tensorflow" ? "tensorflow" : name
 
 /** Load and activate one backend; rejects when its package is not installed or it fails to start. */
-const activate = async (name: ResolvedBackend, threads: number, auto: boolean): Promise<void> => {
+const activate = async (
+  name: ResolvedBackend,
+  threads: number,
+  auto: boolean,
+  kernels: "native" | "stock"
+): Promise<void> => {
   switch (name) {
     case "webgpu": {
       const adapter = await WebGpu.probe()
@@ -58,6 +64,11 @@ const activate = async (name: ResolvedBackend, threads: number, auto: boolean): 
       await import(/* @vite-ignore */ pkg)
       break
     }
+    case "native":
+      // with stock kernels it is the cpu backend under another name: auto takes wasm instead
+      if (auto && kernels === "stock") throw new Error("kernels: stock (the native backend runs native kernels)")
+      NativeBackend.register()
+      break
     case "wasm": {
       const wasm = await import("@tensorflow/tfjs-backend-wasm")
       if (threads > 0) wasm.setThreadsCount(threads)
@@ -80,7 +91,7 @@ const kernelsOf = (config: BackendConfig): "native" | "stock" => {
   return forced === "native" || forced === "stock" ? forced : config.kernels
 }
 
-const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"]
+const autoOrder: ReadonlyArray<ResolvedBackend> = ["tensorflow-gpu", "webgpu", "tensorflow", "native", "wasm", "cpu"]
 
 let loggedAdapter = false
 
@@ -92,7 +103,7 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
   const failures: Array<string> = []
   for (const name of candidates) {
     const started = yield* Effect.tryPromise({
-      try: () => activate(name, config.threads, config.name === "auto"),
+      try: () => activate(name, config.threads, config.name === "auto", kernelsOf(config)),
       catch: (cause) => new TensorBackendError({ backend: name, message: String(cause), cause })
     }).pipe(Effect.result)
     if (started._tag === "Failure") {
@@ -112,7 +123,7 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
       threads:
         native.length > 0
           ? config.threads || availableParallelism()
-          : name === "wasm" || name === "cpu"
+          : name === "wasm" || name === "cpu" || name === "native"
             ? 1
             : config.threads,
       kernels: native.length > 0 ? "native" : "stock",

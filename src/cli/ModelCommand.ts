@@ -21,10 +21,15 @@ import * as Checkpointer from "../store/Checkpointer.ts"
 const modelFlag = Flag.String("model").pipe(
   Flag.withDescription("a HF checkpoint directory (config.json + safetensors)")
 )
-const backendFlag = Flag.Literals("backend", ["auto", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
-  Flag.withDefault("wasm"),
-  Flag.withDescription("tfjs backend")
-)
+const backendFlag = Flag.Literals("backend", [
+  "auto",
+  "native",
+  "wasm",
+  "cpu",
+  "webgpu",
+  "tensorflow",
+  "tensorflow-gpu"
+]).pipe(Flag.withDefault("wasm"), Flag.withDescription("tfjs backend"))
 
 /** Load a checkpoint as a scoped resource (disposed when the command ends). */
 const loadModel = (dir: string) =>

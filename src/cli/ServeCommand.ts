@@ -40,7 +40,7 @@ export const command = Command.make(
       Flag.withDefault(OpenAiServer.defaultMaxN),
       Flag.withDescription("the most choices per prompt (n) a request may ask for")
     ),
-    backend: Flag.Literals("backend", ["auto", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
+    backend: Flag.Literals("backend", ["auto", "native", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
       Flag.withDefault("wasm"),
       Flag.withDescription("tfjs backend")
     )

@@ -10,22 +10,29 @@
  * `hash` (of names, kinds and order) is compiled into the addon and checked on load: an addon built from another
  * table is reported unavailable (rebuild: `node native/install.mjs`) rather than called with shifted arguments.
  *
- * Buffers are byte offsets into the wasm heap (`heap`, passed first); strides, sizes and indices count elements.
+ * Buffers are byte offsets into the wasm heap (`heap`, passed first), or, when `heap` is null, absolute addresses (the
+ * `native` backend's tensors live in JS memory, each at its own address: `addressOf`); strides, sizes and indices
+ * count elements.
  */
 import { createHash } from "node:crypto"
 
 /**
  * How one argument crosses from JS to C++.
- * - `heap`: the wasm heap, a Uint8Array (C++ `Heap`: base and length, for bounds checks)
+ * - `heap`: the wasm heap, a Uint8Array (C++ `Heap`: base and length, for bounds checks); null: buffers are absolute
+ *   addresses (C++ `Heap` with base 0 and no upper bound)
  * - `f32Buffer`, `i32Buffer`, `byteBuffer`: byte offset of a tensor's data in the heap (C++ `int64_t`); `byteBuffer`
  *   when the element type is given by another argument. A trailing `?`: −1 means "none".
  * - `int32Array`: an Int32Array passed by reference (C++ `Int32s`); `int32Array?` also takes null
+ * - `view`: any typed array or DataView, by reference (C++ `View`: its first byte and byte length)
+ * - `string`: a JS string (C++ `std::string`)
  * - `int` (C++ `int`), `i64` (C++ `int64_t`), `f32` (C++ `float`), `f64` (C++ `double`): a JS number, converted
  * - `bool`: a JS boolean
  * - `i64x4`: four integers, passed as four arguments (C++ `int64_t[4]`)
  */
 export type Kind =
   | "heap"
+  | "view"
+  | "string"
   | "f32Buffer"
   | "f32Buffer?"
   | "i32Buffer"
@@ -39,8 +46,8 @@ export type Kind =
   | "bool"
   | "i64x4"
 
-/** What a function hands back: nothing, a boolean, or the addon's self-description (`info`). */
-export type Returns = "void" | "bool" | "info"
+/** What a function hands back: nothing, a boolean, a number, or the addon's self-description (`info`). */
+export type Returns = "void" | "bool" | "number" | "info"
 
 /** [field name, kind] or [field name, kind, note for the C++ field]. */
 export type Arg = readonly [name: string, kind: Kind, note?: string]
@@ -373,6 +380,31 @@ export const functions = {
     ],
     returns: "void"
   },
+  addressOf: {
+    doc:
+      "The address of a view's first byte (a JS number; exact below 2⁵³). V8 never moves an ArrayBuffer's backing " +
+      "store once it has one, and asking for the address gives a small on-heap typed array its own, so the address " +
+      "holds as long as the view is alive.",
+    args: [["view", "view"]],
+    returns: "number"
+  },
+  loadTensor: {
+    doc:
+      "Read `rows · cols` elements of type `dtype` (0 float32, 1 bfloat16, 2 float16) at byte `offset` of the file " +
+      "at `path` and write them widened to float32 into `out` (transposed to [cols, rows] when `transpose`), in " +
+      "blocks through a small buffer: no copy of the file's bytes is kept. Returns the bytes read; throws naming the " +
+      "file when it is shorter than the range.",
+    args: [
+      ["path", "string"],
+      ["offset", "i64", "bytes"],
+      ["dtype", "int", "0 float32, 1 bfloat16, 2 float16"],
+      ["rows", "i64"],
+      ["cols", "i64"],
+      ["transpose", "bool"],
+      ["out", "view", "float32, rows · cols elements"]
+    ],
+    returns: "number"
+  },
   setThreads: {
     doc: "Resize the thread pool (threads ≤ 0: one per hardware thread).",
     args: [["threads", "int"]],
@@ -398,18 +430,28 @@ export interface Info {
 }
 
 type JsType<K extends Kind> = K extends "heap"
-  ? Uint8Array
-  : K extends "int32Array"
-    ? Int32Array
-    : K extends "int32Array?"
-      ? Int32Array | null
-      : K extends "bool"
-        ? boolean
-        : K extends "i64x4"
-          ? readonly [number, number, number, number]
-          : number
+  ? Uint8Array | null
+  : K extends "view"
+    ? ArrayBufferView
+    : K extends "string"
+      ? string
+      : K extends "int32Array"
+        ? Int32Array
+        : K extends "int32Array?"
+          ? Int32Array | null
+          : K extends "bool"
+            ? boolean
+            : K extends "i64x4"
+              ? readonly [number, number, number, number]
+              : number
 
-type ResultOf<R extends Returns> = R extends "bool" ? boolean : R extends "info" ? Info : undefined
+type ResultOf<R extends Returns> = R extends "bool"
+  ? boolean
+  : R extends "number"
+    ? number
+    : R extends "info"
+      ? Info
+      : undefined
 
 /** The named fields of one function's call, e.g. `Args<"rope">` = { heap, x, cos, sin, out, n, heads, headDim, backward }. */
 export type Args<N extends Name> = {

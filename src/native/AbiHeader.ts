@@ -14,6 +14,8 @@ export const kernelName = (name: string): string => name.charAt(0).toUpperCase()
 
 const cppType: Record<Abi.Kind, string> = {
   heap: "Heap",
+  view: "View",
+  string: "std::string",
   f32Buffer: "int64_t",
   "f32Buffer?": "int64_t",
   i32Buffer: "int64_t",
@@ -29,7 +31,9 @@ const cppType: Record<Abi.Kind, string> = {
 }
 
 const kindNote: Record<Abi.Kind, string> = {
-  heap: "the wasm heap",
+  heap: "the wasm heap; null: absolute addresses",
+  view: "a typed array or DataView",
+  string: "",
   f32Buffer: "byte offset of float32 data",
   "f32Buffer?": "byte offset of float32 data; < 0: none",
   i32Buffer: "byte offset of int32 data",
@@ -49,6 +53,10 @@ const reads = (name: string, kind: Abi.Kind, at: number): Array<string> => {
   switch (kind) {
     case "heap":
       return [`in->${name} = args.heap(${at});`]
+    case "view":
+      return [`in->${name} = args.view(${at});`]
+    case "string":
+      return [`in->${name} = args.string(${at});`]
     case "int32Array":
       return [`in->${name} = args.int32s(${at});`]
     case "int32Array?":

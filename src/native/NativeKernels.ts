@@ -1,10 +1,12 @@
 /**
- * Native CPU kernels (native/, an N-API addon built by `npm ci`) registered into the tfjs wasm backend: the public
- * surface of src/native/.
- *
- * Why wasm and not cpu: wasm is the embedded default, keeps every tensor in one linear heap that native code can read
- * and write in place (`backend.wasm.HEAPU8` + `dataIdMap.get(dataId).memoryOffset`), and its stock kernels for the
- * ops we leave alone are 10–100× faster than the pure-JS cpu backend's.
+ * Native CPU kernels (native/, an N-API addon built by `npm ci`) registered into a tfjs backend: the public surface of
+ * src/native/. Two backends take them:
+ * - `wasm`: every tensor in one linear heap that native code reads and writes in place (`backend.wasm.HEAPU8` +
+ *   `dataIdMap.get(dataId).memoryOffset`); its stock kernels for the ops we leave alone are fast (XNNPACK), but the
+ *   heap is 32-bit: 4 GB for everything.
+ * - `native` (src/backend/NativeBackend.ts): tfjs' cpu backend with every tensor in its own typed array (JS memory,
+ *   no ceiling but the machine's), the kernels addressing them absolutely (JsMemory.ts); ops we leave alone run as
+ *   the cpu backend's JS kernels.
  *
  * `register` replaces stock kernels (StockKernels.ts; each declines what it does not handle, back to the stock one)
  * and adds the fused transformer kernels (FusedKernels.ts) and the Adam update (Adam.ts). `unregister` restores the
@@ -15,6 +17,7 @@ import * as tf from "@tensorflow/tfjs"
 import * as Adam from "./Adam.ts"
 import * as Addon from "./Addon.ts"
 import * as FusedKernels from "./FusedKernels.ts"
+import * as JsMemory from "./JsMemory.ts"
 import * as StockKernels from "./StockKernels.ts"
 import type { KernelArgs, OwnKernel } from "./WasmKernel.ts"
 
@@ -22,19 +25,24 @@ export { adam, NativeAdam } from "./Adam.ts"
 export type { Status } from "./Addon.ts"
 export { stats, status } from "./Addon.ts"
 
+type KernelCall = Parameters<tf.KernelFunc>[0]
+
 /** All kernels with no stock counterpart, by name. */
 const ownKernels: Readonly<Record<string, OwnKernel>> = { ...FusedKernels.kernels, [Adam.kernelName]: Adam.kernel }
 
 const stockKernels = new Map<string, tf.KernelConfig>() // key: `${backend}/${kernel}`
 let warned = false
 
+/** The backends native kernels run on (see the module header). */
+export const backends: ReadonlyArray<string> = ["wasm", "native"]
+
 /**
- * Replace the stock kernels of `backendName` with native ones (wasm only; other backends are left alone) and set the
- * native thread count (0 = one per core). Returns the names of the kernels now native: empty when the addon is
- * unavailable, in which case one warning says why. Idempotent.
+ * Replace the stock kernels of `backendName` with native ones (wasm and native only; other backends are left alone)
+ * and set the native thread count (0 = one per core). Returns the names of the kernels now native: empty when the
+ * addon is unavailable, in which case one warning says why. Idempotent.
  */
 export const register = (backendName: string, threads = 0): ReadonlyArray<string> => {
-  if (backendName !== "wasm") return []
+  if (!backends.includes(backendName)) return []
   const { kernels, status } = Addon.load()
   if (kernels === undefined) {
     if (!warned && !status.available) {
@@ -44,6 +52,15 @@ export const register = (backendName: string, threads = 0): ReadonlyArray<string
     return []
   }
   kernels.setThreads({ threads })
+  // wasm kernels get the backend itself; the native backend's are given its JsMemory view
+  const adapt =
+    backendName === "wasm"
+      ? (args: KernelCall) => args as unknown as KernelArgs
+      : (args: KernelCall) =>
+          ({
+            ...args,
+            backend: JsMemory.view(kernels, args.backend as unknown as JsMemory.JsMemoryBackend)
+          }) as unknown as KernelArgs
   const names: Array<string> = []
   for (const [kernelName, native] of Object.entries(StockKernels.kernels)) {
     const key = `${backendName}/${kernelName}`
@@ -55,8 +72,7 @@ export const register = (backendName: string, threads = 0): ReadonlyArray<string
       tf.unregisterKernel(kernelName, backendName)
       tf.registerKernel({
         ...current,
-        kernelFunc: (args) =>
-          native(kernels, args as unknown as KernelArgs) ?? (stock(args) as tf.TensorInfo | Array<tf.TensorInfo>)
+        kernelFunc: (args) => native(kernels, adapt(args)) ?? (stock(args) as tf.TensorInfo | Array<tf.TensorInfo>)
       })
     }
     names.push(kernelName)
@@ -66,7 +82,7 @@ export const register = (backendName: string, threads = 0): ReadonlyArray<string
       tf.registerKernel({
         kernelName,
         backendName,
-        kernelFunc: (args) => own(kernels, args as unknown as KernelArgs)
+        kernelFunc: (args) => own(kernels, adapt(args))
       })
     }
     names.push(kernelName)

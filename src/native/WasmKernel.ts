@@ -2,13 +2,14 @@
  * The parts of tfjs-backend-wasm's BackendWasm that native kernels use, and the shape of a kernel that runs on it.
  * Tensors live in the wasm heap; a kernel passes the heap and its tensors' byte offsets to the addon. The heap can
  * grow on any allocation, which detaches the old ArrayBuffer, so every kernel takes `HEAPU8` after it has allocated
- * its outputs.
+ * its outputs. The `native` backend (tensors in JS memory, see JsMemory.ts) presents the same surface with a null
+ * heap and absolute addresses as offsets.
  */
 import type * as tf from "@tensorflow/tfjs"
 import type * as Abi from "./Abi.ts"
 
 export interface WasmBackend {
-  readonly wasm: { readonly HEAPU8: Uint8Array }
+  readonly wasm: { readonly HEAPU8: Uint8Array | null }
   readonly dataIdMap: { get(dataId: object): { memoryOffset: number } }
   makeOutput(shape: Array<number>, dtype: tf.DataType): tf.TensorInfo
   incRef(dataId: object): void

@@ -2,12 +2,13 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as NativeKernels from "../../src/native/NativeKernels.ts"
 
 /**
  * One forward + backward + Adam step of a graph with every op family training needs: embedding lookup (gather, whose
  * gradient is UnsortedSegmentSum — missing on stock wasm), matmul, RMS norm, softmax and log-softmax.
  */
-const trainStep = (backend: "cpu" | "wasm") => {
+const trainStep = (backend: "cpu" | "wasm" | "native") => {
   const vocab = 11
   const d = 6
   const init = (n: number, seed: number) => Array.from({ length: n }, (_, i) => Math.sin(seed * 7.1 + i * 1.3) * 0.5)
@@ -68,6 +69,18 @@ describe("TensorBackend", () => {
     })
   )
 
+  it.effect("auto picks the native backend when the native kernels built", () =>
+    Effect.gen(function* () {
+      const info = yield* TensorBackend.initialise({ name: "auto", threads: 0, kernels: "native" })
+      if (NativeKernels.status().available) {
+        assert.strictEqual(info.name, "native")
+        assert.strictEqual(info.kernels, "native")
+      } else {
+        assert.include(["tensorflow-gpu", "tensorflow", "wasm"], info.name)
+      }
+    })
+  )
+
   it.effect("fails with a typed error naming the backend when it is not installed", () =>
     Effect.gen(function* () {
       const error = yield* TensorBackend.initialise({ name: "tensorflow", threads: 0, kernels: "stock" }).pipe(
@@ -78,11 +91,12 @@ describe("TensorBackend", () => {
     })
   )
 
-  it.effect("a forward + backward + Adam step matches between wasm and cpu (1e-5) and leaks no tensors", () =>
+  it.effect("a forward + backward + Adam step matches between wasm, cpu and native (1e-5) and leaks no tensors", () =>
     Effect.gen(function* () {
       const results: Record<string, ReturnType<typeof trainStep>> = {}
-      for (const name of ["cpu", "wasm"] as const) {
-        yield* TensorBackend.initialise({ name, threads: 0, kernels: "stock" })
+      const names = NativeKernels.status().available ? (["cpu", "wasm", "native"] as const) : (["cpu", "wasm"] as const)
+      for (const name of names) {
+        yield* TensorBackend.initialise({ name, threads: 0, kernels: name === "native" ? "native" : "stock" })
         const before = tf.memory().numTensors
         results[name] = trainStep(name)
         assert.strictEqual(tf.memory().numTensors - before, 0, `${name} leaked tensors`)
@@ -91,9 +105,13 @@ describe("TensorBackend", () => {
       const wasm = results["wasm"]!
       assert.isTrue(Number.isFinite(cpu.loss))
       assert.isAtMost(Math.abs(cpu.loss - wasm.loss), 1e-5)
-      for (const name of ["embed", "w", "gain"] as const) {
-        close(cpu.grads[name]!, wasm.grads[name]!, 1e-5, `grad ${name}`)
-        close(cpu[name], wasm[name], 1e-5, name)
+      for (const other of Object.keys(results).filter((n) => n !== "cpu")) {
+        const r = results[other]!
+        assert.isAtMost(Math.abs(cpu.loss - r.loss), 1e-5, `${other} loss`)
+        for (const name of ["embed", "w", "gain"] as const) {
+          close(cpu.grads[name]!, r.grads[name]!, 1e-5, `${other} grad ${name}`)
+          close(cpu[name], r[name], 1e-5, `${other} ${name}`)
+        }
       }
       // The embedding gradient is non-zero exactly on the looked-up rows (1, 4, 9, 0, 3), zero elsewhere.
       const rowNorm = (r: number) => cpu.grads["embed"]!.slice(r * 6, r * 6 + 6).reduce((a, b) => a + Math.abs(b), 0)

@@ -1,0 +1,74 @@
+/**
+ * Native kernels over tensors in JS memory: the `native` tfjs backend (src/backend/NativeBackend.ts) keeps each
+ * tensor's data in its own typed array, as tfjs' cpu backend does, so no tensor is bounded by the 4 GB wasm heap. Its
+ * kernels see it through `WasmBackend` (WasmKernel.ts), the surface the wasm kernels are written against, with a null
+ * heap: every buffer is passed by its absolute address (`addressOf`), which V8 keeps fixed while the typed array lives.
+ */
+import * as tf from "@tensorflow/tfjs"
+import type * as Abi from "./Abi.ts"
+import type { WasmBackend } from "./WasmKernel.ts"
+
+/** What the kernels read of a cpu-style backend: its data map (values by data id) and tensor bookkeeping. */
+export interface JsMemoryBackend {
+  readonly data: {
+    get(dataId: object): { values?: unknown; dtype: tf.DataType } | undefined
+  }
+  makeTensorInfo(shape: Array<number>, dtype: tf.DataType, values?: tf.backend_util.BackendValues): tf.TensorInfo
+  incRef(dataId: object): void
+  disposeData(dataId: object): boolean
+}
+
+const addresses = new WeakMap<ArrayBufferView, number>()
+const views = new WeakMap<object, WasmBackend>()
+
+const sizeOf = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a * b, 1)
+
+const arrayTypes: Partial<Record<tf.DataType, abstract new (...args: never) => ArrayBufferView>> = {
+  float32: Float32Array,
+  int32: Int32Array,
+  bool: Uint8Array
+}
+
+/**
+ * The data of `dataId` as a typed array of its dtype's type, made one if the backend holds something else: a plain
+ * array, or another typed array (the cpu backend's OneHot, for one, keeps an int32 tensor in a Float32Array).
+ */
+const valuesOf = (backend: JsMemoryBackend, dataId: object): ArrayBufferView => {
+  const entry = backend.data.get(dataId)
+  if (entry === undefined) throw new Error("native backend: a kernel input was already disposed")
+  if (ArrayBuffer.isView(entry.values) && entry.values.constructor === arrayTypes[entry.dtype]) return entry.values
+  if (entry.dtype === "string" || entry.dtype === "complex64") {
+    throw new Error(`native backend: native kernels do not take ${entry.dtype} tensors`)
+  }
+  const typed =
+    entry.values === undefined
+      ? tf.util.getTypedArrayFromDType(entry.dtype as "float32", 0)
+      : tf.util.toTypedArray(entry.values as ArrayLike<number>, entry.dtype)
+  entry.values = typed
+  return typed
+}
+
+/** The kernels' view of `backend`: memoised per backend instance. */
+export const view = (kernels: Abi.Kernels, backend: JsMemoryBackend): WasmBackend => {
+  const known = views.get(backend)
+  if (known !== undefined) return known
+  const address = (dataId: object): number => {
+    const values = valuesOf(backend, dataId)
+    let at = addresses.get(values)
+    if (at === undefined) {
+      at = kernels.addressOf({ view: values })
+      addresses.set(values, at)
+    }
+    return at
+  }
+  const made: WasmBackend = {
+    wasm: { HEAPU8: null },
+    dataIdMap: { get: (dataId) => ({ memoryOffset: address(dataId) }) },
+    makeOutput: (shape, dtype) =>
+      backend.makeTensorInfo(shape, dtype, tf.util.getTypedArrayFromDType(dtype as "float32", sizeOf(shape))),
+    incRef: (dataId) => backend.incRef(dataId),
+    disposeData: (dataId) => backend.disposeData(dataId)
+  }
+  views.set(backend, made)
+  return made
+}
