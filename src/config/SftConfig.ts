@@ -14,6 +14,7 @@ export const SftConfig = Schema.Struct({
   max_steps: Schema.optionalKey(PositiveInt), // optimizer steps; overrides epochs, as HF's max_steps does
   batch_size: PositiveInt.pipe(withDefault(8)), // sequences per optimizer step
   micro_batch_size: PositiveInt.pipe(withDefault(8)), // sequences per forward/backward; gradients accumulate
+  gradient_checkpointing: Schema.Boolean.pipe(withDefault(false)), // as trainer.gradient_checkpointing
   max_length: PositiveInt.pipe(withDefault(1024)), // tokens per sequence; longer rows are cut at the end
   optimizer: OptimizerConfig.pipe(withDefault({ lr: 2e-5, warmup_steps: 0, scheduler: "cosine" })),
   loss_on: Schema.Literals(["assistant", "all"]).pipe(withDefault("assistant")),

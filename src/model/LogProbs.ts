@@ -14,7 +14,8 @@
  * tensor plus the log-sum-exp's temporaries (and a softmax and a product for the entropy), all kept by the tape.
  * Larger ones (e.g. the 151k Qwen vocabulary) take the fused head (`fusedHead`): a custom gradient that computes
  * logits chunk by chunk of rows and recomputes them in the backward pass, so no [N, V] tensor is ever alive, at
- * the cost of one more head matmul.
+ * the cost of one more head matmul. The trunk's activations are the other large part: with `input.checkpoint` each
+ * decoder layer keeps only its input and is recomputed in the backward pass (Recompute.ts).
  */
 import * as tf from "@tensorflow/tfjs"
 import * as Transformer from "./Transformer.ts"
@@ -145,15 +146,11 @@ export const ofSequences = (
     const tau = options.temperature ?? 1
     if (!(tau > 0)) throw new Error(`LogProbs.ofSequences: temperature must be > 0, got ${tau}`)
     const view = Transformer.trainingView(model)
-    const { ids, keyMask, positions } = Transformer.prepare(input)
+    const prepared = Transformer.prepare(input)
+    const ids = prepared.ids
     const [B, T] = ids.shape
     const D = model.config.hiddenSize
-    const { hidden } = Transformer.step(model, view, {
-      ids,
-      keyMask,
-      positions,
-      ...(input.training !== undefined ? { training: input.training } : {})
-    }) // [B·T, D]
+    const { hidden } = Transformer.step(model, view, prepared) // [B·T, D]
     if (T < 2) {
       const zeros = tf.zeros([B, T]) as tf.Tensor2D
       return options.entropy === true

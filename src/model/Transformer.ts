@@ -34,6 +34,7 @@ import * as tf from "@tensorflow/tfjs"
 import * as Fused from "./Fused.ts"
 import type { TransformerConfig } from "./ModelConfig.ts"
 import * as Prng from "./Prng.ts"
+import * as Recompute from "./Recompute.ts"
 
 /** A LoRA adapter on one linear module (see Lora.ts): `y += dropout(x) @ A @ B · scale`. */
 export interface Adapter {
@@ -250,7 +251,13 @@ export const setAttentionMatmul = Fused.setAttentionMatmul
 interface Projection {
   readonly w: tf.Tensor2D // [in, out]
   readonly b?: tf.Tensor1D // [out]
-  readonly adapter?: Adapter
+  /** An `Adapter`'s weights: the variables, or (in an activation recompute) the tensors standing in for them. */
+  readonly adapter?: {
+    readonly a: tf.Tensor // Aᵀ [in, r]
+    readonly b: tf.Tensor // Bᵀ [r, out]
+    readonly scale: number
+    readonly dropout: number
+  }
 }
 
 interface LayerView {
@@ -401,25 +408,41 @@ export const disposeView = (view: WeightView): void => {
 type MatMul2D = (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 const plainMatMul: MatMul2D = (x, w) => tf.matMul(x, w)
 
-const project = (x: tf.Tensor2D, p: Projection, training: boolean, mm: MatMul2D = linear): tf.Tensor2D => {
+/**
+ * `dropoutSeed` (training only) seeds the adapter's dropout mask, so an activation recompute draws the same mask;
+ * undefined = no dropout (inference).
+ */
+const project = (
+  x: tf.Tensor2D,
+  p: Projection,
+  dropoutSeed: string | undefined,
+  mm: MatMul2D = linear
+): tf.Tensor2D => {
   let y = mm(x, p.w) // [N, out]
   if (p.b !== undefined) y = tf.add(y, p.b)
   if (p.adapter !== undefined) {
-    const xIn = training && p.adapter.dropout > 0 ? (tf.dropout(x, p.adapter.dropout) as tf.Tensor2D) : x // [N, in]
+    const xIn =
+      dropoutSeed !== undefined && p.adapter.dropout > 0
+        ? (tf.dropout(x, p.adapter.dropout, undefined, dropoutSeed) as tf.Tensor2D)
+        : x // [N, in]
     y = tf.add(y, tf.mul(mm(mm(xIn, p.adapter.a as tf.Tensor2D), p.adapter.b as tf.Tensor2D), p.adapter.scale))
   }
   return y
 }
 
-/** Apply each projection and split a fused one into `sizes`. */
+/** Apply each projection and split a fused one into `sizes`. Projection i's dropout seed is `<dropoutSeed>/<i>`. */
 const projectAll = (
   x: tf.Tensor2D,
   ps: ReadonlyArray<Projection>,
   sizes: Array<number>,
-  training: boolean,
+  dropoutSeed: string | undefined,
   mm: MatMul2D
-) =>
-  ps.length === 1 ? tf.split(project(x, ps[0]!, training, mm), sizes, 1) : ps.map((p) => project(x, p, training, mm))
+) => {
+  const seed = (i: number) => (dropoutSeed === undefined ? undefined : `${dropoutSeed}/${i}`)
+  return ps.length === 1
+    ? tf.split(project(x, ps[0]!, seed(0), mm), sizes, 1)
+    : ps.map((p, i) => project(x, p, seed(i), mm))
+}
 
 /** RoPE tables for explicit positions: cos/sin of `pos · θ^(−2i/hd)`, duplicated over both halves as in HF. */
 export const ropeTables = (
@@ -466,11 +489,21 @@ export interface StepInput {
   /** Slots of `past` that hold tokens (default: all of them). The caller owns `past` and drops it after the step. */
   readonly pastLength?: number
   readonly training?: boolean // enables LoRA dropout
+  /** Seeds LoRA dropout when training (default: a fresh seed per step); each adapter's mask is drawn from it. */
+  readonly dropoutSeed?: string
+  /**
+   * Activation recompute (`trainer.gradient_checkpointing`): each decoder layer runs as one recomputed block
+   * (Recompute.ts), so the tape keeps only each layer's input [B·T, D] and the backward pass runs each layer's forward
+   * again. Differentiable views without `past` only; gradients then reach the trainable variables (and the inputs),
+   * not frozen ones, and no cache is returned.
+   */
+  readonly checkpoint?: boolean
 }
 
 export interface StepOutput {
   readonly hidden: tf.Tensor2D // [B·T, D], after the final norm (without its weight for inference views: see logitsOf)
-  readonly cache: ReadonlyArray<LayerCache> // keys/values including the new tokens (L = P + T of their slots)
+  /** keys/values including the new tokens (L = P + T of their slots); empty with `checkpoint` */
+  readonly cache: ReadonlyArray<LayerCache>
 }
 
 /** Whether the fused inference path applies: an inference view whose layers are all fused (q|k|v, gate|up). */
@@ -562,56 +595,178 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
   const scale = 1 / Math.sqrt(hd)
   const joint = view.layers[0]?.jointQk !== undefined
   // Stock: 1/√hd folded into the query's RoPE tables (unless in the weights). Native: the attention kernel scales.
-  const cosQ = joint || native ? cosK : tf.mul(cosK, scale) // [B·T, 1, hd]
-  const sinQ = joint || native ? sinK : tf.mul(sinK, scale) // [B·T, 1, hd]
-  const attentionScale = native && !joint ? scale : 1
-  const rotate = native ? undefined : tf.tensor2d(Fused.rotateHalfMatrix(hd), [hd, hd]) // [hd, hd]
+  const tables: Tables = {
+    maskBias,
+    cosQ: joint || native ? cosK : tf.mul(cosK, scale),
+    sinQ: joint || native ? sinK : tf.mul(sinK, scale),
+    cosK,
+    sinK,
+    ...(native ? {} : { rotate: tf.tensor2d(Fused.rotateHalfMatrix(hd), [hd, hd]) })
+  }
+  const ctx: LayerContext = { config: c, B, T, P, mm, attentionScale: native && !joint ? scale : 1, tables }
+  const checkpoint = input.checkpoint === true && view.differentiable
+  if (checkpoint && P > 0) throw new Error("Transformer.step: checkpoint is for full-sequence forwards (no past)")
+  const dropoutSeed = training ? (input.dropoutSeed ?? `${Math.random()}`) : undefined
+  view.layers.forEach((layer, l) => {
+    const seed = dropoutSeed === undefined ? undefined : `${dropoutSeed}/${l}`
+    if (checkpoint) {
+      x = checkpointedLayer(layer, x, ctx, seed) // [B·T, D]
+      return
+    }
+    const out = decoderLayer(layer, x, input.past?.[l], ctx, seed)
+    cache.push({ keys: out.keys, values: out.values })
+    x = out.x // [B·T, D]
+  })
+  const hidden = Fused.rmsNorm(x, view.finalNorm, eps) as tf.Tensor2D // [B·T, D]
+  return { hidden, cache }
+}
+
+/** The tensors every layer of an unfused forward reads besides its weights. None needs a gradient. */
+interface Tables {
+  readonly maskBias: tf.Tensor // [B, T, L] additive attention bias
+  readonly cosQ: tf.Tensor // [B·T, 1, hd] (stock: · 1/√hd)
+  readonly sinQ: tf.Tensor // [B·T, 1, hd] (stock: · 1/√hd)
+  readonly cosK: tf.Tensor // [B·T, 1, hd]
+  readonly sinK: tf.Tensor // [B·T, 1, hd]
+  readonly rotate?: tf.Tensor2D // [hd, hd] rotate_half as a matrix (stock); undefined: the fused RoPE
+}
+
+interface LayerContext {
+  readonly config: TransformerConfig
+  readonly B: number
+  readonly T: number
+  readonly P: number // cached tokens
+  readonly mm: MatMul2D
+  readonly attentionScale: number
+  readonly tables: Tables
+}
+
+/**
+ * One decoder layer of the unfused path: x [B·T, D] → x [B·T, D], and its keys/values [B, L, Hkv, hd] with the new
+ * tokens. `dropoutSeed` (training only) seeds the adapters' dropout masks, per projection.
+ */
+const decoderLayer = (
+  layer: LayerView,
+  x: tf.Tensor2D,
+  past: LayerCache | undefined,
+  ctx: LayerContext,
+  dropoutSeed: string | undefined
+): { readonly x: tf.Tensor2D; readonly keys: tf.Tensor4D; readonly values: tf.Tensor4D } => {
+  const { B, T, P, mm, tables } = ctx
+  const { numHeads: H, numKvHeads: Hkv, headDim: hd, intermediateSize: I, rmsNormEps: eps } = ctx.config
+  const seed = (part: string) => (dropoutSeed === undefined ? undefined : `${dropoutSeed}/${part}`)
+  const rotate = tables.rotate
   const rope = (x: tf.Tensor, heads: number, cosT: tf.Tensor, sinT: tf.Tensor): tf.Tensor => {
     if (rotate === undefined) return Fused.rope(x, cosT, sinT)
     const rotated = mm(tf.reshape(x, [B * T * heads, hd]) as tf.Tensor2D, rotate) // rotate_half(x) [B·T·heads, hd]
     return tf.add(tf.mul(x, cosT), tf.mul(tf.reshape(rotated, [B * T, heads, hd]), sinT)) // [B·T, heads, hd]
   }
-  view.layers.forEach((layer, l) => {
-    // --- attention
-    const h = Fused.rmsNorm(x, layer.inputNorm, eps) as tf.Tensor2D // [B·T, D]
-    let q: tf.Tensor
-    let k: tf.Tensor
-    let v2: tf.Tensor2D
-    if (layer.jointQk !== undefined) {
-      const [qk2, v] = projectAll(h, layer.qkv, [(H + Hkv) * hd, Hkv * hd], training, mm) // [B·T, (H + Hkv)·hd], [B·T, Hkv·hd]
-      let qk: tf.Tensor = tf.reshape(qk2!, [B * T, H + Hkv, hd]) // [B·T, H + Hkv, hd]
-      if (layer.jointQk.qkNorm !== undefined)
-        qk = Fused.rmsNorm(qk, layer.jointQk.qkNorm, eps) // [B·T, H + Hkv, hd]
-      ;[q, k] = tf.split(rope(qk, H + Hkv, cosK, sinK), [H, Hkv], 1) as [tf.Tensor, tf.Tensor] // [B·T, H, hd], [B·T, Hkv, hd]
-      v2 = v! as tf.Tensor2D
-    } else {
-      const [q2, k2, v] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], training, mm) // [B·T, H·hd], [B·T, Hkv·hd] ×2
-      q = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
-      k = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
-      if (layer.qNorm !== undefined) {
-        q = Fused.rmsNorm(q, layer.qNorm, eps) // [B·T, H, hd]
-        k = Fused.rmsNorm(k, layer.kNorm!, eps) // [B·T, Hkv, hd]
-      }
-      q = rope(q, H, cosQ, sinQ) // [B·T, H, hd] (stock: scaled by 1/√hd)
-      k = rope(k, Hkv, cosK, sinK) // [B·T, Hkv, hd]
-      v2 = v! as tf.Tensor2D
+  // --- attention
+  const h = Fused.rmsNorm(x, layer.inputNorm, eps) as tf.Tensor2D // [B·T, D]
+  let q: tf.Tensor
+  let k: tf.Tensor
+  let v2: tf.Tensor2D
+  if (layer.jointQk !== undefined) {
+    const [qk2, v] = projectAll(h, layer.qkv, [(H + Hkv) * hd, Hkv * hd], seed("qkv"), mm) // [B·T, (H + Hkv)·hd], [B·T, Hkv·hd]
+    let qk: tf.Tensor = tf.reshape(qk2!, [B * T, H + Hkv, hd]) // [B·T, H + Hkv, hd]
+    if (layer.jointQk.qkNorm !== undefined)
+      qk = Fused.rmsNorm(qk, layer.jointQk.qkNorm, eps) // [B·T, H + Hkv, hd]
+    ;[q, k] = tf.split(rope(qk, H + Hkv, tables.cosK, tables.sinK), [H, Hkv], 1) as [tf.Tensor, tf.Tensor] // [B·T, H, hd], [B·T, Hkv, hd]
+    v2 = v! as tf.Tensor2D
+  } else {
+    const [q2, k2, v] = projectAll(h, layer.qkv, [H * hd, Hkv * hd, Hkv * hd], seed("qkv"), mm) // [B·T, H·hd], [B·T, Hkv·hd] ×2
+    q = tf.reshape(q2!, [B * T, H, hd]) // [B·T, H, hd]
+    k = tf.reshape(k2!, [B * T, Hkv, hd]) // [B·T, Hkv, hd]
+    if (layer.qNorm !== undefined) {
+      q = Fused.rmsNorm(q, layer.qNorm, eps) // [B·T, H, hd]
+      k = Fused.rmsNorm(k, layer.kNorm!, eps) // [B·T, Hkv, hd]
     }
-    const kNew = tf.reshape(k, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
-    const vNew = tf.reshape(v2, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
-    const past = input.past?.[l]
-    const keys = past === undefined ? kNew : (tf.concat([Fused.validSlots(past.keys, P), kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
-    const values = past === undefined ? vNew : (tf.concat([Fused.validSlots(past.values, P), vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
-    cache.push({ keys, values })
-    const attended = Fused.attention(q, keys, values, maskBias, attentionScale) // [B·T, H·hd]
-    x = tf.add(x, project(attended, layer.o, training, mm)) // [B·T, D]
-    // --- MLP: down(silu(gate) · up)
-    const h2 = Fused.rmsNorm(x, layer.postNorm, eps) as tf.Tensor2D // [B·T, D]
-    const [gate, up] = projectAll(h2, layer.gateUp, [c.intermediateSize, c.intermediateSize], training, mm) // [B·T, I] ×2
-    const act = Fused.swiglu(gate!, up!) as tf.Tensor2D // [B·T, I]
-    x = tf.add(x, project(act, layer.down, training, mm)) // [B·T, D]
+    q = rope(q, H, tables.cosQ, tables.sinQ) // [B·T, H, hd] (stock: scaled by 1/√hd)
+    k = rope(k, Hkv, tables.cosK, tables.sinK) // [B·T, Hkv, hd]
+    v2 = v! as tf.Tensor2D
+  }
+  const kNew = tf.reshape(k, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
+  const vNew = tf.reshape(v2, [B, T, Hkv, hd]) as tf.Tensor4D // [B, T, Hkv, hd]
+  const keys = past === undefined ? kNew : (tf.concat([Fused.validSlots(past.keys, P), kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+  const values = past === undefined ? vNew : (tf.concat([Fused.validSlots(past.values, P), vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
+  const attended = Fused.attention(q, keys, values, tables.maskBias, ctx.attentionScale) // [B·T, H·hd]
+  let out = tf.add(x, project(attended, layer.o, seed("o"), mm)) as tf.Tensor2D // [B·T, D]
+  // --- MLP: down(silu(gate) · up)
+  const h2 = Fused.rmsNorm(out, layer.postNorm, eps) as tf.Tensor2D // [B·T, D]
+  const [gate, up] = projectAll(h2, layer.gateUp, [I, I], seed("gateUp"), mm) // [B·T, I] ×2
+  const act = Fused.swiglu(gate!, up!) as tf.Tensor2D // [B·T, I]
+  out = tf.add(out, project(act, layer.down, seed("down"), mm)) as tf.Tensor2D // [B·T, D]
+  return { x: out, keys, values }
+}
+
+/** The layer with every tensor it reads replaced by `f(tensor)`, in a fixed order (norms, q|k|v, o, gate|up, down). */
+const mapLayer = (layer: LayerView, f: (t: tf.Tensor) => tf.Tensor): LayerView => {
+  const proj = (p: Projection): Projection => ({
+    w: f(p.w) as tf.Tensor2D,
+    ...(p.b !== undefined ? { b: f(p.b) as tf.Tensor1D } : {}),
+    ...(p.adapter !== undefined ? { adapter: { ...p.adapter, a: f(p.adapter.a), b: f(p.adapter.b) } } : {})
   })
-  const hidden = Fused.rmsNorm(x, view.finalNorm, eps) as tf.Tensor2D // [B·T, D]
-  return { hidden, cache }
+  return {
+    inputNorm: layer.inputNorm === undefined ? undefined : (f(layer.inputNorm) as tf.Tensor1D),
+    postNorm: layer.postNorm === undefined ? undefined : (f(layer.postNorm) as tf.Tensor1D),
+    ...(layer.qNorm !== undefined ? { qNorm: f(layer.qNorm) as tf.Tensor1D } : {}),
+    ...(layer.kNorm !== undefined ? { kNorm: f(layer.kNorm) as tf.Tensor1D } : {}),
+    ...(layer.jointQk !== undefined
+      ? {
+          jointQk: layer.jointQk.qkNorm === undefined ? {} : { qkNorm: f(layer.jointQk.qkNorm) as tf.Tensor2D }
+        }
+      : {}),
+    qkv: layer.qkv.map(proj),
+    o: proj(layer.o),
+    gateUp: layer.gateUp.map(proj),
+    down: proj(layer.down)
+  }
+}
+
+const isTrainable = (t: tf.Tensor): boolean => t instanceof tf.Variable && t.trainable
+
+/**
+ * `decoderLayer` as one recomputed block (Recompute.ts): the tape keeps its input x and references to the tensors it
+ * reads, nothing it computes. Gradients flow to x and to the layer's trainable variables, which stand in as the
+ * block's inputs; its other tensors (the frozen base under LoRA) and the tables are constants. The recompute draws
+ * the same dropout masks (same seed).
+ */
+const checkpointedLayer = (
+  layer: LayerView,
+  x: tf.Tensor2D,
+  ctx: LayerContext,
+  dropoutSeed: string | undefined
+): tf.Tensor2D => {
+  const weights: Array<tf.Tensor> = []
+  mapLayer(layer, (t) => {
+    if (!weights.includes(t)) weights.push(t)
+    return t
+  })
+  const trainable = weights.filter(isTrainable)
+  const frozen = weights.filter((t) => !isTrainable(t))
+  const { maskBias, cosQ, sinQ, cosK, sinK, rotate } = ctx.tables
+  const tableList = [maskBias, cosQ, sinQ, cosK, sinK, ...(rotate === undefined ? [] : [rotate])]
+  return Recompute.checkpointed(
+    ([xIn, ...ws], constants) => {
+      const standIns = new Map<tf.Tensor, tf.Tensor>([
+        ...trainable.map((t, i) => [t, ws[i]!] as const),
+        ...frozen.map((t, i) => [t, constants[i]!] as const)
+      ])
+      const [mb, cq, sq, ck, sk, rot] = constants.slice(frozen.length)
+      const tables: Tables = {
+        maskBias: mb!,
+        cosQ: cq!,
+        sinQ: sq!,
+        cosK: ck!,
+        sinK: sk!,
+        ...(rot === undefined ? {} : { rotate: rot as tf.Tensor2D })
+      }
+      const view = mapLayer(layer, (t) => standIns.get(t) ?? t)
+      return decoderLayer(view, xIn as tf.Tensor2D, undefined, { ...ctx, tables }, dropoutSeed).x // [B·T, D]
+    },
+    [x, ...trainable],
+    [...frozen, ...tableList]
+  )
 }
 
 /** LM head: `hidden @ Wᵀ_head` → logits [N, V]. */
@@ -638,16 +793,16 @@ export interface ForwardInput {
   readonly attentionMask?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
   /** [B, T] RoPE positions. Default: `positionsFromMask`. */
   readonly positions?: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>
-  readonly training?: boolean
+  readonly training?: boolean // enables LoRA dropout
+  readonly dropoutSeed?: string // see StepInput
+  readonly checkpoint?: boolean // activation recompute per layer: see StepInput
 }
 
 const flat = (x: tf.Tensor2D | ReadonlyArray<ReadonlyArray<number>>): ArrayLike<number> =>
   x instanceof tf.Tensor ? x.dataSync() : x.flat()
 
-/** Normalise a forward input: ids tensor [B, T], key mask and positions as flat arrays. Call inside tidy. */
-export const prepare = (
-  input: ForwardInput
-): { readonly ids: tf.Tensor2D; readonly keyMask: ArrayLike<number>; readonly positions: ArrayLike<number> } => {
+/** A forward input as a step's input: ids tensor [B, T], key mask and positions as flat arrays. Call inside tidy. */
+export const prepare = (input: ForwardInput): StepInput => {
   const ids =
     input.ids instanceof tf.Tensor
       ? tf.cast(input.ids, "int32")
@@ -659,21 +814,19 @@ export const prepare = (
   const [B, T] = ids.shape
   const keyMask = input.attentionMask === undefined ? new Float32Array(B * T).fill(1) : flat(input.attentionMask)
   const positions = input.positions === undefined ? positionsFromMask(keyMask, B, T) : flat(input.positions)
-  return { ids, keyMask, positions }
+  return {
+    ids,
+    keyMask,
+    positions,
+    ...(input.training !== undefined ? { training: input.training } : {}),
+    ...(input.dropoutSeed !== undefined ? { dropoutSeed: input.dropoutSeed } : {}),
+    ...(input.checkpoint !== undefined ? { checkpoint: input.checkpoint } : {})
+  }
 }
 
 /** Full-sequence forward (no cache): hidden states [B·T, D] after the final norm, on the live variables. */
 export const hiddenStates = (model: Transformer, input: ForwardInput, view?: WeightView): tf.Tensor2D =>
-  tf.tidy(() => {
-    const { ids, keyMask, positions } = prepare(input)
-    const out = step(model, view ?? trainingView(model), {
-      ids,
-      keyMask,
-      positions,
-      ...(input.training !== undefined ? { training: input.training } : {})
-    })
-    return out.hidden
-  })
+  tf.tidy(() => step(model, view ?? trainingView(model), prepare(input)).hidden)
 
 /** Full-sequence forward: logits [B, T, V]. Materialises every position's logits; `LogProbs` avoids that. */
 export const forward = (model: Transformer, input: ForwardInput, view?: WeightView): tf.Tensor3D =>

@@ -38,15 +38,19 @@ export const dispose = (critic: Critic): void => {
   Transformer.dispose(critic.model)
 }
 
-/** V(s_t) for every position, aligned with ids: [B, T] (position 0 has no preceding state: 0). Differentiable. */
-export const valuesTensor = (critic: Critic, batch: TrainingBatch.Batch): tf.Tensor2D =>
+/**
+ * V(s_t) for every position, aligned with ids: [B, T] (position 0 has no preceding state: 0). Differentiable;
+ * `checkpoint` recomputes each layer's activations in the backward pass (trainer.gradient_checkpointing).
+ */
+export const valuesTensor = (critic: Critic, batch: TrainingBatch.Batch, checkpoint = false): tf.Tensor2D =>
   tf.tidy(() => {
     const B = batch.ids.length
     const T = batch.length
     const hidden = Transformer.hiddenStates(critic.model, {
       ids: batch.ids,
       attentionMask: batch.attentionMask,
-      training: true
+      training: true,
+      checkpoint
     }) // [B·T, D]
     const v = tf.reshape(tf.matMul(hidden, critic.head), [B, T]) // v(h_t)   [B, T]
     return tf.concat([tf.zeros([B, 1]), tf.slice(v, [0, 0], [B, T - 1])], 1) as tf.Tensor2D // V(s_t) = v(h_{t−1})
@@ -67,7 +71,12 @@ export const update = async (
   batch: TrainingBatch.Batch,
   from: number,
   to: number,
-  options: { readonly valueClip: number; readonly lr: number; readonly microBatch: number }
+  options: {
+    readonly valueClip: number
+    readonly lr: number
+    readonly microBatch: number
+    readonly checkpoint?: boolean // trainer.gradient_checkpointing
+  }
 ): Promise<Record<string, number>> => {
   let accumulated: tf.NamedTensorMap | undefined
   const collected: Array<Record<string, number>> = []
@@ -81,7 +90,7 @@ export const update = async (
         tf.tidy(() => {
           const out = ValueLoss.ppo(
             {
-              values: valuesTensor(critic, micro),
+              values: valuesTensor(critic, micro, options.checkpoint === true),
               oldValues: tf.tensor2d(micro.values),
               returns: tf.tensor2d(micro.returns),
               lossMask: tf.tensor2d(micro.lossMask)

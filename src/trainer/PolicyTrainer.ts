@@ -139,6 +139,7 @@ export interface LossOptions {
   readonly algorithm: AlgorithmConfig // the KL and entropy terms
   readonly policyLoss: (inputs: PolicyLoss.Inputs) => PolicyLoss.Output // policyLoss(algorithm, …)
   readonly temperature: number
+  readonly checkpoint?: boolean // trainer.gradient_checkpointing: recompute each layer's activations in the backward
 }
 
 /** One micro-batch of a mini-batch: its rows, their π_old / π_ref log-probs, and its share of the mini-batch. */
@@ -181,7 +182,12 @@ export const microBatchGrads = async (
         const lossMask = tf.tensor2d(micro.lossMask) // [b, L]
         const { logprobs, entropy } = LogProbs.ofSequences(
           model,
-          { ids: micro.ids, attentionMask: micro.attentionMask, training: true },
+          {
+            ids: micro.ids,
+            attentionMask: micro.attentionMask,
+            training: true,
+            ...(options.checkpoint === true ? { checkpoint: true } : {})
+          },
           { temperature: options.temperature, entropy: true }
         ) // [b, L]
         const oldLogProbs = input.old === "current" ? stopGradient(logprobs) : tf.tensor2d(rows(input.old)) // [b, L]
@@ -306,7 +312,8 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   const lossOptions: LossOptions = {
     algorithm: algo,
     policyLoss: policyLoss(algo, derived.lossMaxSeqLen),
-    temperature: derived.temperature
+    temperature: derived.temperature,
+    checkpoint: t.gradient_checkpointing
   }
   /** Lets the event loop run (I/O, other fibers) between two synchronous pieces of a step. */
   const breathe = Effect.yieldNow
@@ -481,7 +488,8 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
                   Critic.update(critic, batch, a, b, {
                     valueClip: algo.value_clip,
                     lr,
-                    microBatch: t.micro_train_batch_size
+                    microBatch: t.micro_train_batch_size,
+                    checkpoint: t.gradient_checkpointing
                   })
                 )
               )

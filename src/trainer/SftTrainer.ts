@@ -138,8 +138,18 @@ const byLength = (examples: ReadonlyArray<SftDataset.Example>, size: number) =>
   )
 
 /** Σ_{b,t} m·(−log π(x_t | x_<t)) over a padded micro-batch: a scalar, differentiable. Call inside tidy. */
-const maskedNllSum = (model: Transformer.Transformer, micro: Padded, training: boolean): tf.Scalar => {
-  const { logprobs } = LogProbs.ofSequences(model, { ids: micro.ids, attentionMask: micro.attentionMask, training }) // [b, L]
+const maskedNllSum = (
+  model: Transformer.Transformer,
+  micro: Padded,
+  training: boolean,
+  checkpoint = false
+): tf.Scalar => {
+  const { logprobs } = LogProbs.ofSequences(model, {
+    ids: micro.ids,
+    attentionMask: micro.attentionMask,
+    training,
+    checkpoint
+  }) // [b, L]
   const mask = tf.tensor2d(micro.lossMask, [micro.ids.length, micro.ids[0]!.length]) // [b, L]
   return tf.neg(tf.sum(tf.mul(logprobs, mask))) as tf.Scalar
 }
@@ -179,7 +189,12 @@ export const trainStep = async (
   optimizer: Optimizer.AdamW,
   variables: Array<tf.Variable>,
   batch: ReadonlyArray<SftDataset.Example>,
-  options: { readonly microBatchSize: number; readonly padId: number; readonly lr: number }
+  options: {
+    readonly microBatchSize: number
+    readonly padId: number
+    readonly lr: number
+    readonly checkpoint?: boolean // sft.gradient_checkpointing
+  }
 ): Promise<StepStats> => {
   const lossTokens = lossTokensOf(batch)
   const tokens = batch.reduce((n, e) => n + e.ids.length, 0)
@@ -190,7 +205,7 @@ export const trainStep = async (
     const micro = pad(chunk, options.padId)
     // this micro-batch's share of L: its masked NLL sum over the batch's token count
     const { value, grads } = tf.variableGrads(
-      () => tf.div(maskedNllSum(model, micro, true), lossTokens) as tf.Scalar,
+      () => tf.div(maskedNllSum(model, micro, true, options.checkpoint === true), lossTokens) as tf.Scalar,
       variables
     )
     loss += (await value.data().finally(() => value.dispose()))[0]!
@@ -309,7 +324,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     const lr = Optimizer.learningRate(c.optimizer, step - 1, total)
     const stepStarted = yield* Clock.currentTimeMillis
     const stats = yield* Effect.tryPromise({
-      try: () => trainStep(model, optimizer, variables, batch, { ...micro, lr }),
+      try: () => trainStep(model, optimizer, variables, batch, { ...micro, lr, checkpoint: c.gradient_checkpointing }),
       catch: (cause) => new Error(`step ${step}: ${cause instanceof Error ? cause.message : String(cause)}`)
     }).pipe(Effect.orDie)
     if (step === 1) firstLoss = stats.loss

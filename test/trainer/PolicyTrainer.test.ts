@@ -143,6 +143,35 @@ describe("PolicyTrainer", () => {
     })
   )
 
+  it.effect("trainer.gradient_checkpointing: the same GAE steps (policy and critic) as without it", () =>
+    Effect.gen(function* () {
+      const run = (checkpointing: boolean) =>
+        Effect.gen(function* () {
+          const layer = yield* setup([
+            "trainer.algorithm.advantage_estimator=gae",
+            "trainer.critic_optimizer.lr=0.01",
+            `trainer.gradient_checkpointing=${checkpointing}`
+          ])
+          return yield* Effect.gen(function* () {
+            const trainer = yield* Trainer
+            const { model } = yield* PolicyModel.PolicyModel
+            const metrics: Array<Record<string, number>> = []
+            for (let i = 0; i < 2; i++) metrics.push((yield* trainer.step(groups(2))).metrics)
+            return { metrics, good: yield* sequenceLogProb(model, [5, 6, 7]) }
+          }).pipe(Effect.provide(layer))
+        })
+      const plain = yield* run(false)
+      const recomputed = yield* run(true)
+      assert.approximately(recomputed.good, plain.good, 1e-5)
+      plain.metrics.forEach((m, i) => {
+        for (const key of ["loss/policy", "policy/grad_norm", "critic/value_loss", "critic/grad_norm"]) {
+          assert.isTrue(Number.isFinite(m[key]), key)
+          assert.approximately(recomputed.metrics[i]![key]!, m[key]!, 1e-5, `step ${i + 1}, ${key}`)
+        }
+      })
+    })
+  )
+
   for (const loss of ["sapo", "dppo"] as const) {
     it.effect(`trains with trainer.algorithm.policy_loss_type ${loss}: finite loss, moving weights`, () =>
       Effect.gen(function* () {
