@@ -12,6 +12,8 @@ import { isMainThread } from "node:worker_threads"
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
+import type { TransformerConfig } from "../model/ModelConfig.ts"
+import * as ModelConfig from "../model/ModelConfig.ts"
 import * as NativeKernels from "../native/NativeKernels.ts"
 import * as MissingKernels from "./MissingKernels.ts"
 import * as NativeBackend from "./NativeBackend.ts"
@@ -160,3 +162,31 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
 
 export const layer = (config: BackendConfig): Layer.Layer<TensorBackend, TensorBackendError> =>
   Layer.effect(TensorBackend, initialise(config))
+
+/** What a model is loaded for: the tensors it needs beside its weights. */
+export type ModelUse = "inference" | "training" | "lora-training"
+
+/** The wasm heap: every tensor of the backend in one 32-bit address space. */
+const wasmHeapBytes = 4 * 2 ** 30
+
+/**
+ * Throws, naming the backend and what to use instead, when a model of this shape cannot run on the active backend:
+ * on wasm when its tensors (weights; for inference the fused copies too; for full training gradients and Adam's two
+ * moments) would not fit the 4 GB heap, which otherwise fails deep inside XNNPACK ("status 6"); on webgpu when a
+ * tensor passes the adapter's binding limit (WebGpu.checkModelFits). Call before loading. No-op elsewhere.
+ */
+export const checkModelFits = (config: TransformerConfig, use: ModelUse = "inference"): void => {
+  WebGpu.checkModelFits(config)
+  if (tf.getBackend() !== "wasm") return
+  const weights = ModelConfig.parameterCount(config) * 4
+  const copies = use === "training" ? 4.25 : use === "lora-training" ? 1.25 : 1.75
+  const needed = weights * copies
+  if (needed > wasmHeapBytes * 0.85) {
+    const gb = (b: number) => `${(b / 1e9).toFixed(1)} GB`
+    throw new Error(
+      `backend wasm cannot hold this model: ${ModelConfig.parameterCount(config).toLocaleString("en")} parameters ` +
+        `need about ${gb(needed)} of tensors for ${use}, and wasm keeps every tensor in one 4 GB heap; use ` +
+        "backend.name: native (tensors in JS memory; `auto` picks it when the native kernels built)"
+    )
+  }
+}

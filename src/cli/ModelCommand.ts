@@ -10,12 +10,12 @@ import * as path from "node:path"
 import { Console, Effect } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
-import * as WebGpu from "../backend/WebGpu.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as TensorFile from "../native/TensorFile.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 
 const modelFlag = Flag.String("model").pipe(
@@ -36,8 +36,8 @@ const loadModel = (dir: string) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
-        WebGpu.checkModelFits(await Checkpoint.readConfig(dir))
-        return Checkpoint.load(dir)
+        TensorBackend.checkModelFits(await Checkpoint.readConfig(dir))
+        return TensorFile.load(dir)
       },
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
@@ -62,12 +62,12 @@ export const info = (dir: string) =>
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
     })
-    const tensors = yield* Effect.tryPromise({
-      try: () => Checkpoint.readTensors(dir),
+    const located = yield* Effect.tryPromise({
+      try: () => Checkpoint.readEntries(dir),
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
     })
-    const dtypes = [...new Set([...tensors.values()].map((t) => t.dtype))]
+    const dtypes = [...new Set([...located.values()].map((t) => t.entry.dtype))]
     return {
       architecture: config.architecture,
       parameters: ModelConfig.parameterCount(config),
@@ -120,7 +120,7 @@ const logprobsCommand = Command.make(
   ({ model, ids, backend }) =>
     Effect.gen(function* () {
       const parsed = yield* parseIds(ids)
-      yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" })
+      yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: "native" })
       const values = yield* logprobs(model, parsed)
       yield* Console.log(JSON.stringify({ logprobs: values }))
     })

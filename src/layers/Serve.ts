@@ -8,13 +8,14 @@ import * as path from "node:path"
 import { NodeHttpServer } from "@effect/platform-node"
 import { Context, Effect, Layer } from "effect"
 import { HttpServer } from "effect/http"
-import * as WebGpu from "../backend/WebGpu.ts"
+import * as TensorBackend from "../backend/TensorBackend.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as TensorFile from "../native/TensorFile.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 
@@ -65,8 +66,8 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
   const { model } = yield* Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
-        WebGpu.checkModelFits(await Checkpoint.readConfig(options.model))
-        return Checkpoint.load(options.model)
+        TensorBackend.checkModelFits(await Checkpoint.readConfig(options.model))
+        return TensorFile.load(options.model)
       },
       catch: (cause) =>
         new CheckpointError({ path: options.model, message: cause instanceof Error ? cause.message : String(cause) })

@@ -40,21 +40,23 @@ const exists = (file: string): Promise<boolean> =>
     () => false
   )
 
-/** Every tensor of a checkpoint directory, single-file or sharded, by HF name. */
-export const readTensors = async (dir: string): Promise<Map<string, Safetensors.Tensor>> => {
+/** The weight files of a checkpoint directory: `model.safetensors`, or the shards its index lists. */
+const weightFiles = async (dir: string): Promise<Array<string>> => {
   const single = path.join(dir, "model.safetensors")
   const index = path.join(dir, "model.safetensors.index.json")
-  let files: Array<string>
-  if (await exists(single)) files = [single]
-  else if (await exists(index)) {
+  if (await exists(single)) return [single]
+  if (await exists(index)) {
     const weightMap = (await readJson(index))["weight_map"] as Record<string, string> | undefined
     if (weightMap === undefined) throw new CheckpointLoadError(index, `has no "weight_map"`)
-    files = [...new Set(Object.values(weightMap))].map((f) => path.join(dir, f))
-  } else {
-    throw new CheckpointLoadError(dir, "has neither model.safetensors nor model.safetensors.index.json")
+    return [...new Set(Object.values(weightMap))].map((f) => path.join(dir, f))
   }
+  throw new CheckpointLoadError(dir, "has neither model.safetensors nor model.safetensors.index.json")
+}
+
+/** Every tensor of a checkpoint directory, single-file or sharded, by HF name. Reads whole files: small ones only. */
+export const readTensors = async (dir: string): Promise<Map<string, Safetensors.Tensor>> => {
   const tensors = new Map<string, Safetensors.Tensor>()
-  for (const file of files) {
+  for (const file of await weightFiles(dir)) {
     let bytes: Uint8Array
     try {
       bytes = await fs.readFile(file)
@@ -70,6 +72,76 @@ export const readTensors = async (dir: string): Promise<Map<string, Safetensors.
     for (const [name, t] of decoded.tensors) tensors.set(name, t)
   }
   return tensors
+}
+
+/** Where a tensor's bytes are: its file and header entry. */
+export interface Located {
+  readonly file: string
+  readonly entry: Safetensors.Entry
+}
+
+/** Every tensor's place, from the files' headers alone (no tensor data is read). */
+export const readEntries = async (dir: string): Promise<Map<string, Located>> => {
+  const located = new Map<string, Located>()
+  for (const file of await weightFiles(dir)) {
+    let handle: fs.FileHandle
+    try {
+      handle = await fs.open(file, "r")
+    } catch (cause) {
+      throw new CheckpointLoadError(file, `cannot read (${(cause as Error).message})`)
+    }
+    try {
+      const size = (await handle.stat()).size
+      const first8 = new Uint8Array(8)
+      await handle.read(first8, 0, 8, 0)
+      const length = Safetensors.headerLength(first8, size, file)
+      const header = new Uint8Array(length)
+      await handle.read(header, 0, length, 8)
+      for (const entry of Safetensors.parseHeader(header, size, file).entries) located.set(entry.name, { file, entry })
+    } catch (cause) {
+      if (cause instanceof CheckpointLoadError) throw cause
+      throw new CheckpointLoadError(file, (cause as Error).message)
+    } finally {
+      await handle.close()
+    }
+  }
+  return located
+}
+
+/**
+ * Reads one tensor into `out` as float32, transposed (`[rows, cols]` → `[cols, rows]`) when asked. The default reads
+ * blocks of rows with `node:fs` and widens them in JS; the native addon has a faster one (src/native/TensorFile.ts).
+ */
+export type TensorReader = (at: Located, out: Float32Array, transpose: boolean) => Promise<void>
+
+/** The JS reader: blocks of about 16 MB, so only `out` and one block are in memory. */
+export const jsReader: TensorReader = async ({ file, entry }, out, transpose) => {
+  const bytesPer = Safetensors.elementBytes(entry.dtype)
+  const [rows, cols] = entry.shape.length === 2 ? [entry.shape[0]!, entry.shape[1]!] : [1, out.length]
+  const rowBytes = Math.max(1, cols * bytesPer)
+  const blockRows = Math.max(1, Math.floor((16 << 20) / rowBytes))
+  const handle = await fs.open(file, "r")
+  try {
+    const buffer = new Uint8Array(Math.min(rows, blockRows) * rowBytes)
+    for (let r0 = 0; r0 < rows; r0 += blockRows) {
+      const n = Math.min(blockRows, rows - r0)
+      const want = n * rowBytes
+      let got = 0
+      while (got < want) {
+        const { bytesRead } = await handle.read(buffer, got, want - got, entry.begin + r0 * rowBytes + got)
+        if (bytesRead === 0) throw new CheckpointLoadError(file, `ends inside tensor ${entry.name}`)
+        got += bytesRead
+      }
+      Safetensors.widenInto(
+        buffer.subarray(0, want),
+        entry.dtype,
+        out,
+        transpose ? { firstRow: r0, rows, cols } : { at: r0 * cols }
+      )
+    }
+  } finally {
+    await handle.close()
+  }
 }
 
 /** The architecture of a checkpoint directory (its `config.json`). */
@@ -88,13 +160,52 @@ export interface Loaded {
   readonly dtype: Safetensors.ReadDType // of the embedding, i.e. what the checkpoint was saved in
 }
 
-/** Load a HF directory into a new Transformer (weights converted to float32). */
-export const load = async (dir: string): Promise<Loaded> => {
+export interface LoadOptions {
+  /** How each tensor is read (default `jsReader`; the native addon's is faster: src/native/TensorFile.ts). */
+  readonly reader?: TensorReader
+}
+
+/**
+ * Load a HF directory into a new Transformer (weights converted to float32). Streams: each tensor is read from disk
+ * straight into the array the model keeps (linear weights transposed on the way), so memory holds the model and one
+ * read block, never the file's bytes beside it.
+ */
+export const load = async (dir: string, options: LoadOptions = {}): Promise<Loaded> => {
   const config = await readConfig(dir)
-  const tensors = await readTensors(dir)
+  const located = await readEntries(dir)
+  const reader = options.reader ?? jsReader
+  const arrays = new Map<string, { readonly shape: ReadonlyArray<number>; readonly data: Float32Array }>()
+  for (const spec of Transformer.parameterSpecs(config)) {
+    const at = located.get(spec.name)
+    if (at === undefined) continue // fromHfArrays names what is missing
+    const { shape } = at.entry
+    const fits = shape.length === spec.hfShape.length && shape.every((d, i) => d === spec.hfShape[i])
+    if (!fits) continue // and what has the wrong shape
+    const data = new Float32Array(shape.reduce((a, b) => a * b, 1))
+    try {
+      await reader(at, data, spec.transposed)
+    } catch (cause) {
+      if (cause instanceof CheckpointLoadError) throw cause
+      throw new CheckpointLoadError(at.file, `tensor ${spec.name}: ${(cause as Error).message}`)
+    }
+    arrays.set(spec.name, { shape, data })
+  }
+  const shapeOf = (name: string) => located.get(name)?.entry.shape
   try {
-    const model = Transformer.fromHfArrays(config, (name) => tensors.get(name))
-    return { model, dtype: tensors.get("model.embed_tokens.weight")!.dtype }
+    const model = Transformer.fromHfArrays(
+      config,
+      (name) => {
+        const read = arrays.get(name)
+        if (read !== undefined) {
+          arrays.delete(name) // the model holds it now (or a copy on the wasm heap): let ours go
+          return read
+        }
+        const shape = shapeOf(name)
+        return shape === undefined ? undefined : { shape, data: new Float32Array(0) }
+      },
+      "held"
+    )
+    return { model, dtype: located.get("model.embed_tokens.weight")!.entry.dtype }
   } catch (cause) {
     throw new CheckpointLoadError(dir, (cause as Error).message)
   }

@@ -3,7 +3,8 @@
  * `{ name: { dtype, shape, data_offsets: [begin, end] }, "__metadata__": {...} }` (offsets relative to the end of the
  * header), then the raw little-endian tensor bytes. Pure: bytes in, bytes out (file I/O lives in Checkpoint.ts).
  *
- * Reading converts F32, BF16, F16 (and F64) to Float32Array; writing emits F32 or BF16 (round-to-nearest-even, as
+ * Reading converts F32, BF16, F16 (and F64) to Float32Array (whole files with `decode`, or tensor by tensor from
+ * their header entries with `parseHeader` + `widenInto`, which Checkpoint.ts streams from disk); writing emits F32 or BF16 (round-to-nearest-even, as
  * PyTorch's `.to(torch.bfloat16)`). Written headers are padded with spaces to 8 bytes and carry
  * `{"format": "pt"}` metadata, which HF transformers requires to load the file.
  */
@@ -80,21 +81,35 @@ export interface Decoded {
   readonly metadata: Readonly<Record<string, string>>
 }
 
-/** Parse a safetensors file. Throws `SafetensorsError` on a malformed header or an unsupported dtype. */
-export const decode = (bytes: Uint8Array, file = "<bytes>"): Decoded => {
-  if (bytes.byteLength < 8) throw new SafetensorsError(`${file}: too short for a safetensors header`)
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  const headerLength = Number(view.getBigUint64(0, true))
-  if (8 + headerLength > bytes.byteLength)
-    throw new SafetensorsError(`${file}: header length ${headerLength} exceeds the file`)
+/** One tensor's entry in a safetensors header: where its bytes are, relative to the start of the file. */
+export interface Entry {
+  readonly name: string
+  readonly dtype: ReadDType
+  readonly shape: ReadonlyArray<number>
+  readonly begin: number // byte offset in the file
+  readonly end: number
+}
+
+/** Bytes per element of each dtype read. */
+export const elementBytes = (dtype: ReadDType): number => bytesPer[dtype]
+
+/**
+ * The entries of a safetensors header (the JSON after the 8-byte length), checked against the file's size: each
+ * tensor's byte range must match its dtype and shape and lie inside the file. Throws `SafetensorsError`.
+ */
+export const parseHeader = (
+  headerBytes: Uint8Array,
+  fileBytes: number,
+  file = "<bytes>"
+): { readonly entries: ReadonlyArray<Entry>; readonly metadata: Readonly<Record<string, string>> } => {
   let header: Record<string, unknown>
   try {
-    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + headerLength))) as Record<string, unknown>
+    header = JSON.parse(new TextDecoder().decode(headerBytes)) as Record<string, unknown>
   } catch (cause) {
     throw new SafetensorsError(`${file}: header is not JSON (${String(cause)})`)
   }
-  const dataStart = 8 + headerLength
-  const tensors = new Map<string, Tensor>()
+  const dataStart = 8 + headerBytes.byteLength
+  const entries: Array<Entry> = []
   let metadata: Record<string, string> = {}
   for (const [name, entry] of Object.entries(header)) {
     if (name === "__metadata__") {
@@ -112,15 +127,63 @@ export const decode = (bytes: Uint8Array, file = "<bytes>"): Decoded => {
     const d = dtype as ReadDType
     const count = shape.reduce((a, b) => a * b, 1)
     const [begin, end] = data_offsets
-    if (end - begin !== count * bytesPer[d] || dataStart + end > bytes.byteLength) {
+    if (end - begin !== count * bytesPer[d] || dataStart + end > fileBytes) {
       throw new SafetensorsError(
         `${file}: tensor ${name} has offsets [${begin}, ${end}] inconsistent with ${dtype}[${shape.join(", ")}]`
       )
     }
-    tensors.set(name, {
-      shape,
-      dtype: d,
-      data: toFloat32(bytes.subarray(dataStart + begin, dataStart + end), d, count)
+    entries.push({ name, dtype: d, shape, begin: dataStart + begin, end: dataStart + end })
+  }
+  return { entries, metadata }
+}
+
+/** The header length a safetensors file starts with, checked against the file's size. */
+export const headerLength = (first8: Uint8Array, fileBytes: number, file = "<bytes>"): number => {
+  if (first8.byteLength < 8 || fileBytes < 8) throw new SafetensorsError(`${file}: too short for a safetensors header`)
+  const length = Number(new DataView(first8.buffer, first8.byteOffset, 8).getBigUint64(0, true))
+  if (8 + length > fileBytes) throw new SafetensorsError(`${file}: header length ${length} exceeds the file`)
+  return length
+}
+
+/**
+ * Widen `count` elements of `dtype` from `bytes` into `out` (float32) starting at element `at`; with `transpose`
+ * (a `[rows, cols]` tensor whose rows `firstRow …` these bytes are), write them at their transposed places in
+ * `out` `[cols, rows]`. Reading a tensor in blocks of whole rows through this keeps one copy of it in memory.
+ */
+export const widenInto = (
+  bytes: Uint8Array,
+  dtype: ReadDType,
+  out: Float32Array,
+  layout: { readonly at: number } | { readonly firstRow: number; readonly rows: number; readonly cols: number }
+): void => {
+  const count = bytes.byteLength / bytesPer[dtype]
+  const block = toFloat32(bytes, dtype, count)
+  if ("at" in layout) {
+    out.set(block, layout.at)
+    return
+  }
+  const { firstRow, rows, cols } = layout
+  const blockRows = count / cols
+  for (let c0 = 0; c0 < cols; c0 += 64) {
+    const c1 = Math.min(cols, c0 + 64)
+    for (let r = 0; r < blockRows; r++) {
+      const src = r * cols
+      for (let c = c0; c < c1; c++) out[c * rows + firstRow + r] = block[src + c]!
+    }
+  }
+}
+
+/** Parse a safetensors file. Throws `SafetensorsError` on a malformed header or an unsupported dtype. */
+export const decode = (bytes: Uint8Array, file = "<bytes>"): Decoded => {
+  const length = headerLength(bytes, bytes.byteLength, file)
+  const { entries, metadata } = parseHeader(bytes.subarray(8, 8 + length), bytes.byteLength, file)
+  const tensors = new Map<string, Tensor>()
+  for (const e of entries) {
+    const count = e.shape.reduce((a, b) => a * b, 1)
+    tensors.set(e.name, {
+      shape: e.shape,
+      dtype: e.dtype,
+      data: toFloat32(bytes.subarray(e.begin, e.end), e.dtype, count)
     })
   }
   return { tensors, metadata }

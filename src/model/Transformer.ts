@@ -123,11 +123,13 @@ const nextModelId = (): number => {
 
 /**
  * Build a model from HF-layout arrays (`get(name)` returns HF shape + data; a missing tied `lm_head` is fine).
- * Throws when a tensor is missing or has the wrong shape.
+ * With `layout: "held"` the data of linear weights is already transposed to `[in, out]` (a loader that transposed
+ * while reading), so it is used as it is. Throws when a tensor is missing or has the wrong shape.
  */
 export const fromHfArrays = (
   config: TransformerConfig,
-  get: (name: string) => { readonly shape: ReadonlyArray<number>; readonly data: Float32Array } | undefined
+  get: (name: string) => { readonly shape: ReadonlyArray<number>; readonly data: Float32Array } | undefined,
+  layout: "hf" | "held" = "hf"
 ): Transformer => {
   const id = nextModelId()
   const params = new Map<string, tf.Variable>()
@@ -140,7 +142,7 @@ export const fromHfArrays = (
           `tensor ${spec.name} has shape [${found.shape.join(", ")}], expected [${spec.hfShape.join(", ")}]`
         )
       }
-      params.set(spec.name, makeVariable(id, spec, found.data))
+      params.set(spec.name, makeVariable(id, spec, found.data, layout))
     }
   } catch (e) {
     for (const v of params.values()) v.dispose()
@@ -149,9 +151,9 @@ export const fromHfArrays = (
   return { config, params, adapters: new Map(), id }
 }
 
-const makeVariable = (id: number, spec: ParameterSpec, hfData: Float32Array): tf.Variable => {
+const makeVariable = (id: number, spec: ParameterSpec, hfData: Float32Array, layout: "hf" | "held"): tf.Variable => {
   const [rows, cols] = spec.hfShape
-  const data = spec.transposed ? transpose2d(hfData, rows!, cols!) : hfData
+  const data = spec.transposed && layout === "hf" ? transpose2d(hfData, rows!, cols!) : hfData
   const shape = spec.transposed ? [cols!, rows!] : [...spec.hfShape]
   return tf.tidy(() => tf.variable(tf.tensor(data, shape, "float32"), true, `t${id}/${spec.name}`))
 }
@@ -340,12 +342,34 @@ export const trainingView = (model: Transformer): WeightView => {
 const merged = (p: Projection): tf.Tensor2D =>
   p.adapter === undefined ? p.w : tf.add(p.w, tf.mul(tf.matMul(p.adapter.a, p.adapter.b), p.adapter.scale))
 
+export interface InferenceViewOptions {
+  /**
+   * Read the live weights in place instead of fusing copies (q|k|v, gate|up, the head with the final norm folded in),
+   * which cost about 75% of the weights again. Default: lean above `leanAboveBytes` of weights, where the copies
+   * would matter (Qwen3-1.7B and larger), fused below it, where a decode step's kernel count does.
+   */
+  readonly lean?: boolean
+}
+
+/** Weights (float32 bytes) above which inference views are lean by default: 4 GiB, about 1B parameters. */
+export const leanAboveBytes = 4 * 2 ** 30
+
+const leanByDefault = (model: Transformer): boolean => {
+  let bytes = 0
+  for (const v of model.params.values()) bytes += v.size * 4
+  return bytes > leanAboveBytes
+}
+
 /**
  * A snapshot of the current weights fused for fast inference (q|k|v and gate|up concatenated, adapters merged, tied
  * head transposed). Copies: rebuild it after the variables change, and `disposeView` it.
  */
-export const inferenceView = (model: Transformer): WeightView => {
+export const inferenceView = (model: Transformer, options: InferenceViewOptions = {}): WeightView => {
   const base = trainingView(model)
+  if (options.lean ?? leanByDefault(model)) {
+    // the live weights, read in place: no copies (and no fusing); adapters run unmerged
+    return { ...base, differentiable: false }
+  }
   const owned: Array<tf.Tensor> = []
   const own = <T extends tf.Tensor>(compute: () => T): T => {
     const t = tf.tidy(compute)
@@ -770,8 +794,12 @@ const checkpointedLayer = (
 }
 
 /** LM head: `hidden @ Wᵀ_head` → logits [N, V]. */
-export const logitsOf = (view: WeightView, hidden: tf.Tensor2D): tf.Tensor2D =>
-  (view.differentiable ? linear : plainMatMul)(hidden, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D)) // [N, V]
+export const logitsOf = (view: WeightView, hidden: tf.Tensor2D): tf.Tensor2D => {
+  if (view.head === undefined && !view.differentiable && Fused.nativeAvailable()) {
+    return tf.matMul(hidden, view.embed, false, true) // a tied head read in place: native matmuls take the flag
+  }
+  return (view.differentiable ? linear : plainMatMul)(hidden, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D)) // [N, V]
+}
 
 /** Default RoPE positions for a (left-)padded batch: the count of real tokens before each slot (0 for padding). */
 export const positionsFromMask = (mask: ArrayLike<number>, batch: number, length: number): Int32Array => {

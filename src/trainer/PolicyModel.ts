@@ -5,12 +5,13 @@
  */
 import * as tf from "@tensorflow/tfjs"
 import { Context, Effect, Layer } from "effect"
-import * as WebGpu from "../backend/WebGpu.ts"
+import * as TensorBackend from "../backend/TensorBackend.ts"
 import type { ModelConfig } from "../config/ModelConfig.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as HfConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as TensorFile from "../native/TensorFile.ts"
 
 export class PolicyModel extends Context.Service<
   PolicyModel,
@@ -21,14 +22,17 @@ export class PolicyModel extends Context.Service<
   }
 >()("rl/trainer/PolicyModel") {}
 
+/** A policy is loaded to be trained: its adapters only when LoRA is configured. */
+const useOf = (config: ModelConfig): TensorBackend.ModelUse => (config.lora.rank > 0 ? "lora-training" : "training")
+
 /** Load or initialise the model described by `config`. Fails with CheckpointError naming the directory. */
 export const load = (config: ModelConfig): Effect.Effect<Transformer.Transformer, CheckpointError> => {
   if (config.path !== undefined) {
     const dir = config.path
     return Effect.tryPromise({
       try: async () => {
-        WebGpu.checkModelFits(await Checkpoint.readConfig(dir))
-        return Checkpoint.load(dir)
+        TensorBackend.checkModelFits(await Checkpoint.readConfig(dir), useOf(config))
+        return TensorFile.load(dir)
       },
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
@@ -38,7 +42,7 @@ export const load = (config: ModelConfig): Effect.Effect<Transformer.Transformer
   return Effect.try({
     try: () => {
       const shape = HfConfig.fromInit(init)
-      WebGpu.checkModelFits(shape)
+      TensorBackend.checkModelFits(shape, useOf(config))
       return Transformer.init(shape, init.seed)
     },
     catch: (cause) =>

@@ -55,7 +55,7 @@ describe("ModelConfig.fromHf", () => {
 
 describe("Transformer", () => {
   for (const architecture of ["qwen3", "qwen2", "llama"] as const) {
-    it(`${architecture}: the fused inference view (norms and 1/√hd folded) and the split attention path compute the training view's logits`, () => {
+    it(`${architecture}: the fused inference view (norms and 1/√hd folded), the lean one and the split attention path compute the training view's logits`, () => {
       const model = Transformer.init(ModelConfig.fromInit({ ...init, architecture }), 3, 0.3)
       // non-trivial norm weights and biases, so folding them is tested
       for (const [name, v] of model.params) {
@@ -76,6 +76,10 @@ describe("Transformer", () => {
       const view = Transformer.inferenceView(model)
       const fused = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, view).dataSync())
       Transformer.disposeView(view)
+      const leanView = Transformer.inferenceView(model, { lean: true })
+      assert.strictEqual(leanView.owned.length, 0, "a lean view copies no weights")
+      const lean = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, leanView).dataSync())
+      Transformer.disposeView(leanView)
       Transformer.setAttentionMatmul("split")
       const split = tf.tidy(() =>
         Transformer.forward(model, {
@@ -86,6 +90,7 @@ describe("Transformer", () => {
       Transformer.setAttentionMatmul("batched")
       reference.forEach((v, i) => {
         assert.approximately(fused[i]!, v, 1e-5)
+        assert.approximately(lean[i]!, v, 1e-5)
         assert.approximately(split[i]!, v, 1e-5)
       })
       Transformer.dispose(model)
