@@ -80,7 +80,8 @@ export const info = (dir: string) =>
       num_key_value_heads: config.numKvHeads,
       head_dim: config.headDim,
       tie_word_embeddings: config.tieWordEmbeddings,
-      rope_theta: config.ropeTheta
+      rope_theta: config.ropeTheta,
+      rope_scaling: ModelConfig.toHf(config)["rope_scaling"] // null, or llama3's parameters
     }
   })
 

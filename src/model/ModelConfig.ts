@@ -3,10 +3,34 @@
  * Llama share one decoder; they differ only in the switches below:
  * - Qwen3: RMSNorm over head_dim on q and k (`q_norm`/`k_norm`) before RoPE, no q/k/v bias, explicit `head_dim`.
  * - Qwen2: q/k/v bias (`attention_bias` is implied), no q/k norm.
- * - Llama: neither (`attention_bias` honoured when set).
+ * - Llama: neither (`attention_bias` honoured when set). Llama 3.1+ also scales RoPE's frequencies
+ *   (`rope_scaling.rope_type: "llama3"`, see `RopeScaling`); that is the only RoPE scaling we read.
  */
 
 export type Architecture = "qwen3" | "qwen2" | "llama"
+
+/**
+ * Llama 3's RoPE frequency scaling (HF `_compute_llama3_parameters`): frequencies whose wavelength exceeds
+ * `originalMaxPositionEmbeddings / lowFreqFactor` are divided by `factor`, those shorter than
+ * `originalMaxPositionEmbeddings / highFreqFactor` are kept, and the band between is interpolated. No attention
+ * scaling (HF's attention factor is 1 for llama3).
+ */
+export interface RopeScaling {
+  readonly type: "llama3"
+  readonly factor: number
+  readonly lowFreqFactor: number
+  readonly highFreqFactor: number
+  readonly originalMaxPositionEmbeddings: number
+}
+
+/** `RopeScaling` in HF key names, as `config.json` carries it. */
+export interface HfRopeScaling {
+  readonly rope_type: "llama3"
+  readonly factor: number
+  readonly low_freq_factor: number
+  readonly high_freq_factor: number
+  readonly original_max_position_embeddings: number
+}
 
 export interface TransformerConfig {
   readonly architecture: Architecture
@@ -18,6 +42,7 @@ export interface TransformerConfig {
   readonly numKvHeads: number // Hkv, divides H (grouped-query attention)
   readonly headDim: number // hd, may differ from D / H (Qwen3)
   readonly ropeTheta: number
+  readonly ropeScaling?: RopeScaling // absent: plain RoPE
   readonly rmsNormEps: number
   readonly maxPositionEmbeddings: number
   readonly tieWordEmbeddings: boolean
@@ -38,6 +63,7 @@ export interface ModelInitLike {
   readonly num_key_value_heads: number
   readonly head_dim?: number
   readonly rope_theta: number
+  readonly rope_scaling?: HfRopeScaling | null
   readonly rms_norm_eps: number
   readonly max_position_embeddings: number
   readonly tie_word_embeddings: boolean
@@ -75,8 +101,52 @@ const check = (config: TransformerConfig): TransformerConfig => {
     )
   }
   if (config.headDim % 2 !== 0) throw new ModelConfigError(`head_dim must be even for RoPE, got ${config.headDim}`)
+  const scaling = config.ropeScaling
+  if (scaling !== undefined) {
+    for (const key of ["factor", "lowFreqFactor", "highFreqFactor", "originalMaxPositionEmbeddings"] as const) {
+      const v = scaling[key]
+      if (typeof v !== "number" || !(v > 0)) {
+        throw new ModelConfigError(`rope_scaling (llama3): ${key} must be a positive number, got ${String(v)}`)
+      }
+    }
+    // the band between the two wavelengths is interpolated over high − low: it must not be empty or inverted
+    if (!(scaling.highFreqFactor > scaling.lowFreqFactor)) {
+      throw new ModelConfigError(
+        `rope_scaling (llama3): high_freq_factor (${scaling.highFreqFactor}) must exceed low_freq_factor (${scaling.lowFreqFactor})`
+      )
+    }
+  }
   return config
 }
+
+/**
+ * RoPE scaling from a `rope_scaling` (or newer transformers' `rope_parameters`) object: none for "default" (or no
+ * object), llama3's parameters for "llama3", a `ModelConfigError` naming any other type (linear, dynamic, yarn, …).
+ */
+const ropeScalingOf = (object: object | null | undefined): RopeScaling | undefined => {
+  const json = (object ?? {}) as Readonly<Record<string, unknown>>
+  const ropeType = json["rope_type"] ?? json["type"]
+  if (ropeType === undefined || ropeType === "default") return undefined
+  if (ropeType !== "llama3") {
+    throw new ModelConfigError(
+      `config.json: rope scaling "${String(ropeType)}" is not supported (only default RoPE and llama3)`
+    )
+  }
+  const field = (key: string): number => {
+    const v = json[key]
+    if (typeof v !== "number") throw new ModelConfigError(`config.json: rope_scaling (llama3) needs a number "${key}"`)
+    return v
+  }
+  return {
+    type: "llama3",
+    factor: field("factor"),
+    lowFreqFactor: field("low_freq_factor"),
+    highFreqFactor: field("high_freq_factor"),
+    originalMaxPositionEmbeddings: field("original_max_position_embeddings")
+  }
+}
+
+const optionalScaling = (ropeScaling: RopeScaling | undefined) => (ropeScaling === undefined ? {} : { ropeScaling })
 
 /** From a random-model description (`model.init`). */
 export const fromInit = (init: ModelInitLike): TransformerConfig =>
@@ -90,6 +160,7 @@ export const fromInit = (init: ModelInitLike): TransformerConfig =>
     numKvHeads: init.num_key_value_heads,
     headDim: init.head_dim ?? init.hidden_size / init.num_attention_heads,
     ropeTheta: init.rope_theta,
+    ...optionalScaling(ropeScalingOf(init.rope_scaling)),
     rmsNormEps: init.rms_norm_eps,
     maxPositionEmbeddings: init.max_position_embeddings,
     tieWordEmbeddings: init.tie_word_embeddings,
@@ -116,17 +187,16 @@ const architectureOf = (json: Record<string, unknown>): Architecture => {
   throw new ModelConfigError(`config.json: unsupported model_type "${modelType}" (expected qwen3, qwen2 or llama)`)
 }
 
-/** From a parsed HF `config.json`. RoPE θ is read from `rope_theta` or `rope_parameters.rope_theta`. */
+/**
+ * From a parsed HF `config.json`. RoPE θ is read from `rope_theta` or `rope_parameters.rope_theta`, RoPE scaling from
+ * `rope_scaling` or `rope_parameters` (default or llama3).
+ */
 export const fromHf = (json: Record<string, unknown>): TransformerConfig => {
   const architecture = architectureOf(json)
   const hiddenSize = num(json, "hidden_size")
   const numHeads = num(json, "num_attention_heads")
   const ropeParameters = json["rope_parameters"] as Record<string, unknown> | undefined
-  const ropeScaling = (json["rope_scaling"] ?? ropeParameters) as Record<string, unknown> | undefined | null
-  const ropeType = ropeScaling?.["rope_type"] ?? ropeScaling?.["type"]
-  if (ropeType !== undefined && ropeType !== "default") {
-    throw new ModelConfigError(`config.json: rope scaling "${String(ropeType)}" is not supported (only default RoPE)`)
-  }
+  const ropeScaling = ropeScalingOf((json["rope_scaling"] ?? ropeParameters) as Record<string, unknown> | undefined)
   const ropeTheta =
     typeof json["rope_theta"] === "number"
       ? json["rope_theta"]
@@ -146,6 +216,7 @@ export const fromHf = (json: Record<string, unknown>): TransformerConfig => {
     numKvHeads: num(json, "num_key_value_heads", numHeads),
     headDim,
     ropeTheta,
+    ...optionalScaling(ropeScaling),
     rmsNormEps: num(json, "rms_norm_eps", 1e-6),
     maxPositionEmbeddings: num(json, "max_position_embeddings", 2048),
     tieWordEmbeddings: json["tie_word_embeddings"] === true,
@@ -155,6 +226,14 @@ export const fromHf = (json: Record<string, unknown>): TransformerConfig => {
     ...(typeof eos === "number" || Array.isArray(eos) ? { eosTokenId: eos as number | ReadonlyArray<number> } : {})
   })
 }
+
+const toHfRopeScaling = (s: RopeScaling): HfRopeScaling => ({
+  rope_type: s.type,
+  factor: s.factor,
+  low_freq_factor: s.lowFreqFactor,
+  high_freq_factor: s.highFreqFactor,
+  original_max_position_embeddings: s.originalMaxPositionEmbeddings
+})
 
 /** To a HF `config.json` that transformers and vLLM load (`torch_dtype` names the dtype the weights are saved in). */
 export const toHf = (config: TransformerConfig, dtype: "float32" | "bfloat16" = "float32"): Record<string, unknown> => {
@@ -173,7 +252,7 @@ export const toHf = (config: TransformerConfig, dtype: "float32" | "bfloat16" = 
     max_position_embeddings: config.maxPositionEmbeddings,
     rms_norm_eps: config.rmsNormEps,
     rope_theta: config.ropeTheta,
-    rope_scaling: null,
+    rope_scaling: config.ropeScaling === undefined ? null : toHfRopeScaling(config.ropeScaling),
     tie_word_embeddings: config.tieWordEmbeddings,
     attention_bias: config.attentionBias,
     attention_dropout: 0,

@@ -72,6 +72,14 @@ const base = {
   max_position_embeddings: 256
 }
 
+const llama3Scaling = {
+  rope_type: "llama3",
+  factor: 8,
+  low_freq_factor: 1,
+  high_freq_factor: 4,
+  original_max_position_embeddings: 64
+} as const
+
 const cases = [
   {
     name: "tied, F32, head_dim 16 ≠ 48/4, 2 KV heads",
@@ -97,8 +105,26 @@ const cases = [
     name: "llama, untied, F32",
     dtype: "F32",
     init: { ...base, architecture: "llama" as const, num_key_value_heads: 2, tie_word_embeddings: false }
+  },
+  {
+    // wavelengths 2π·θ^(2i/16): 6.3 (< 64/4, kept), 32.5 (between, interpolated), ≥ 168 (> 64/1, divided by 8); 40
+    // positions turn each band's angles far enough apart that a wrong band moves the log-probs
+    name: "llama, llama3 RoPE scaling (all three frequency bands), tied, F32, 40 tokens",
+    dtype: "F32",
+    tokens: 40,
+    init: {
+      ...base,
+      architecture: "llama" as const,
+      num_key_value_heads: 2,
+      head_dim: 16,
+      tie_word_embeddings: true,
+      rope_theta: 500000,
+      rope_scaling: llama3Scaling
+    }
   }
 ] as const
+const tokensOf = (c: (typeof cases)[number]) => ("tokens" in c ? c.tokens : 24)
+const llama3Case = cases.findIndex((c) => "rope_scaling" in c.init)
 
 const raggedIds = [
   [0, 0, 0, 5, 9, 13, 2, 40, 41],
@@ -108,14 +134,15 @@ const raggedMask = [
   [0, 0, 0, 1, 1, 1, 1, 1, 1],
   [1, 1, 1, 1, 1, 1, 1, 1, 1]
 ]
-const idsOf = (i: number, vocab: number) => {
+const idsOf = (i: number, vocab: number, length = 24) => {
   const prng = Prng.make(i)
-  return Array.from({ length: 24 }, () => Math.floor(prng.next() * vocab))
+  return Array.from({ length }, () => Math.floor(prng.next() * vocab))
 }
 
 describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference of HF's forward", () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "model-ref-"))
   const dirOf = (i: number) => path.join(tmp, `case${i}`)
+  const unscaledDir = path.join(tmp, "llama3-unscaled") // the llama3 case's weights, config.json without rope_scaling
   let expected: Array<Array<Array<number>>> = []
   beforeAll(async () => {
     await Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" }))
@@ -124,9 +151,14 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
       await Checkpoint.save(built, dirOf(i), { dtype: c.dtype })
       Transformer.dispose(built)
     }
+    fs.cpSync(dirOf(llama3Case), unscaledDir, { recursive: true })
+    const hf = JSON.parse(fs.readFileSync(path.join(unscaledDir, "config.json"), "utf8"))
+    fs.writeFileSync(path.join(unscaledDir, "config.json"), JSON.stringify({ ...hf, rope_scaling: null }))
+    const llama3 = cases[llama3Case]!
     expected = reference([
-      ...cases.map((c, i) => ({ model: dirOf(i), ids: [idsOf(i, c.init.vocab_size)] })),
-      { model: dirOf(0), ids: raggedIds, mask: raggedMask }
+      ...cases.map((c, i) => ({ model: dirOf(i), ids: [idsOf(i, c.init.vocab_size, tokensOf(c))] })),
+      { model: dirOf(0), ids: raggedIds, mask: raggedMask },
+      { model: unscaledDir, ids: [idsOf(llama3Case, llama3.init.vocab_size, tokensOf(llama3))] }
     ])
   })
   afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
@@ -134,18 +166,36 @@ describe.skipIf(!torchAvailable)("model logprobs vs a float64 PyTorch reference 
   cases.forEach((c, i) => {
     it(`${c.name}: every token's log-prob within 1e-4`, async () => {
       const { model } = await Checkpoint.load(dirOf(i))
-      const ids = idsOf(i, c.init.vocab_size)
+      const ids = idsOf(i, c.init.vocab_size, tokensOf(c))
       const ours = await LogProbs.ofIds(model, ids)
       // the function behind `model logprobs --model DIR --ids ...` gives the same numbers
       assert.deepStrictEqual(await Effect.runPromise(ModelCommand.logprobs(dirOf(i), ids)), ours)
       const theirs = expected[i]![0]!.slice(1)
-      assert.strictEqual(ours.length, 23)
+      assert.strictEqual(ours.length, tokensOf(c) - 1)
       const maxErr = Math.max(...ours.map((v, t) => Math.abs(v - theirs[t]!)))
       assert.isBelow(maxErr, 1e-4, `max |Δ logp| = ${maxErr}`)
       // the distributions are not near-uniform, so agreement is informative
       assert.isAbove(Math.max(...theirs.map((v) => Math.abs(v + Math.log(c.init.vocab_size)))), 0.5)
       Transformer.dispose(model)
     })
+  })
+
+  it("llama3 RoPE scaling: config.json carries it, and without it the reference moves far beyond the tolerance", async () => {
+    const written = JSON.parse(fs.readFileSync(path.join(dirOf(llama3Case), "config.json"), "utf8"))
+    assert.deepStrictEqual(written.rope_scaling, llama3Scaling)
+    const { model } = await Checkpoint.load(dirOf(llama3Case))
+    assert.deepStrictEqual(model.config.ropeScaling, {
+      type: "llama3",
+      factor: 8,
+      lowFreqFactor: 1,
+      highFreqFactor: 4,
+      originalMaxPositionEmbeddings: 64
+    })
+    Transformer.dispose(model)
+    const scaled = expected[llama3Case]![0]!
+    const unscaled = expected[cases.length + 1]![0]!
+    const moved = Math.max(...scaled.map((v, t) => Math.abs(v - unscaled[t]!)))
+    assert.isAbove(moved, 1e-2, `max |Δ logp| without rope_scaling = ${moved}`)
   })
 
   it("a left-padded ragged batch matches the reference row by row (positions from the mask)", async () => {

@@ -21,6 +21,49 @@ const init = {
   tie_word_embeddings: true
 }
 
+// meta-llama/Llama-3.2-1B's config.json, as published
+const llama32Scaling = {
+  factor: 32.0,
+  high_freq_factor: 4.0,
+  low_freq_factor: 1.0,
+  original_max_position_embeddings: 8192,
+  rope_type: "llama3"
+}
+const llama32 = {
+  architectures: ["LlamaForCausalLM"],
+  attention_bias: false,
+  attention_dropout: 0.0,
+  bos_token_id: 128000,
+  eos_token_id: 128001,
+  head_dim: 64,
+  hidden_act: "silu",
+  hidden_size: 2048,
+  initializer_range: 0.02,
+  intermediate_size: 8192,
+  max_position_embeddings: 131072,
+  mlp_bias: false,
+  model_type: "llama",
+  num_attention_heads: 32,
+  num_hidden_layers: 16,
+  num_key_value_heads: 8,
+  pretraining_tp: 1,
+  rms_norm_eps: 1e-5,
+  rope_scaling: llama32Scaling,
+  rope_theta: 500000.0,
+  tie_word_embeddings: true,
+  torch_dtype: "bfloat16",
+  transformers_version: "4.45.0.dev0",
+  use_cache: true,
+  vocab_size: 128256
+}
+const llama3Scaling = {
+  type: "llama3",
+  factor: 32,
+  lowFreqFactor: 1,
+  highFreqFactor: 4,
+  originalMaxPositionEmbeddings: 8192
+} as const
+
 describe("ModelConfig.fromHf", () => {
   it("reads Qwen3 config.json keys, rope_parameters.rope_theta, and derives head_dim when absent", () => {
     const c = ModelConfig.fromHf({
@@ -50,6 +93,89 @@ describe("ModelConfig.fromHf", () => {
     assert.strictEqual(llama.headDim, 8)
     assert.throws(() => ModelConfig.fromHf({ model_type: "gpt2" }), /unsupported model_type/)
     assert.throws(() => ModelConfig.fromInit({ ...init, num_key_value_heads: 3 }), /multiple of num_key_value_heads/)
+  })
+
+  it("reads Llama-3.2-1B's config.json (llama3 RoPE scaling) and writes it back", () => {
+    const c = ModelConfig.fromHf(llama32)
+    assert.deepStrictEqual(c, {
+      architecture: "llama",
+      vocabSize: 128256,
+      hiddenSize: 2048,
+      intermediateSize: 8192,
+      numLayers: 16,
+      numHeads: 32,
+      numKvHeads: 8,
+      headDim: 64,
+      ropeTheta: 500000,
+      ropeScaling: llama3Scaling,
+      rmsNormEps: 1e-5,
+      maxPositionEmbeddings: 131072,
+      tieWordEmbeddings: true,
+      attentionBias: false,
+      qkNorm: false,
+      bosTokenId: 128000,
+      eosTokenId: 128001
+    })
+    // Llama-3.2-1B: 1,235,814,400 parameters (tied), the published count
+    assert.strictEqual(ModelConfig.parameterCount(c), 1235814400)
+    const hf = ModelConfig.toHf(c, "bfloat16")
+    assert.deepStrictEqual(hf["rope_scaling"], llama32Scaling)
+    assert.deepStrictEqual(ModelConfig.fromHf(hf), c)
+    // newer transformers write `rope_parameters` (θ inside) instead of rope_theta + rope_scaling
+    const { rope_scaling: _, rope_theta: __, ...rest } = llama32
+    const v5 = ModelConfig.fromHf({ ...rest, rope_parameters: { ...llama32Scaling, rope_theta: 500000 } })
+    assert.deepStrictEqual(v5, c)
+    // default RoPE writes null, and null reads as default
+    const plain = ModelConfig.fromHf({ ...llama32, rope_scaling: null })
+    assert.strictEqual(plain.ropeScaling, undefined)
+    assert.strictEqual(ModelConfig.toHf(plain)["rope_scaling"], null)
+    assert.strictEqual(
+      ModelConfig.fromHf({ ...llama32, rope_scaling: { rope_type: "default" } }).ropeScaling,
+      undefined
+    )
+  })
+
+  it("rejects other RoPE scaling types naming them, and llama3 scaling without its parameters", () => {
+    for (const type of ["linear", "dynamic", "yarn", "longrope"]) {
+      const rx = new RegExp(`rope scaling "${type}" is not supported`)
+      assert.throws(() => ModelConfig.fromHf({ ...llama32, rope_scaling: { rope_type: type, factor: 4 } }), rx)
+      assert.throws(() => ModelConfig.fromHf({ ...llama32, rope_scaling: { type, factor: 4 } }), rx) // legacy key
+      assert.throws(
+        () => ModelConfig.fromHf({ ...llama32, rope_scaling: null, rope_parameters: { rope_type: type, factor: 4 } }),
+        rx
+      )
+    }
+    const { low_freq_factor: _, ...missing } = llama32Scaling
+    assert.throws(() => ModelConfig.fromHf({ ...llama32, rope_scaling: missing }), /needs a number "low_freq_factor"/)
+    assert.throws(
+      () => ModelConfig.fromHf({ ...llama32, rope_scaling: { ...llama32Scaling, high_freq_factor: 1 } }),
+      /high_freq_factor \(1\) must exceed low_freq_factor \(1\)/
+    )
+  })
+})
+
+describe("Transformer.ropeInvFreq", () => {
+  it("llama3 scaling keeps Llama-3.2-1B's 15 high frequencies, divides the 14 low ones by 32, interpolates 3", () => {
+    const plain = Transformer.ropeInvFreq(64, 500000)
+    const scaled = Transformer.ropeInvFreq(64, 500000, llama3Scaling)
+    // bands by wavelength 2π/f against 8192/4 = 2048 and 8192/1 = 8192
+    const wavelen = (i: number) => (2 * Math.PI) / plain[i]!
+    const kept = [...plain.keys()].filter((i) => wavelen(i) < 2048)
+    const slowed = [...plain.keys()].filter((i) => wavelen(i) > 8192)
+    const between = [...plain.keys()].filter((i) => wavelen(i) >= 2048 && wavelen(i) <= 8192)
+    assert.deepStrictEqual([kept.length, between.length, slowed.length], [15, 3, 14])
+    for (const i of kept) assert.strictEqual(scaled[i], plain[i])
+    for (const i of slowed) assert.strictEqual(scaled[i], Math.fround(plain[i]! / 32))
+    for (const i of between) {
+      // s = (8192/λ − 1)/3 ∈ [0, 1]: f·((1 − s)/32 + s)
+      const s = (8192 / wavelen(i) - 1) / 3
+      assert.approximately(scaled[i]! / plain[i]!, (1 - s) / 32 + s, 1e-6)
+      assert.isTrue(scaled[i]! < plain[i]! && scaled[i]! > plain[i]! / 32)
+    }
+    // the tables the forward uses follow: position 1's angle is the frequency itself
+    const { sin } = Transformer.ropeTables([1], 64, 500000, llama3Scaling)
+    assert.approximately(sin[31]!, Math.sin(scaled[31]!), 1e-7)
+    assert.notStrictEqual(sin[31], Transformer.ropeTables([1], 64, 500000).sin[31])
   })
 })
 
