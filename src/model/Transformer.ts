@@ -32,7 +32,7 @@
  */
 import * as tf from "@tensorflow/tfjs"
 import * as Fused from "./Fused.ts"
-import type { TransformerConfig } from "./ModelConfig.ts"
+import type { RopeScaling, TransformerConfig } from "./ModelConfig.ts"
 import * as Prng from "./Prng.ts"
 import * as Recompute from "./Recompute.ts"
 
@@ -468,17 +468,44 @@ const projectAll = (
     : ps.map((p, i) => project(x, p, seed(i), mm))
 }
 
-/** RoPE tables for explicit positions: cos/sin of `pos · θ^(−2i/hd)`, duplicated over both halves as in HF. */
+/**
+ * RoPE's hd/2 inverse frequencies `θ^(−2i/hd)`, rescaled by Llama 3's `scaling` when given, in float32 as HF computes
+ * them (`_compute_default_rope_parameters`, `_compute_llama3_parameters`). Each llama3 step is rounded to float32 as
+ * torch's float32 ops round it (bit-identical to HF's code given the same base frequencies); the base is the float64
+ * power rounded once, which can be 1 ulp from torch's float32 `pow`.
+ */
+export const ropeInvFreq = (headDim: number, theta: number, scaling?: RopeScaling): Float32Array => {
+  const invFreq = Float32Array.from({ length: headDim / 2 }, (_, i) => 1 / theta ** ((2 * i) / headDim))
+  if (scaling === undefined) return invFreq
+  const f = Math.fround
+  const { factor, lowFreqFactor: low, highFreqFactor: high, originalMaxPositionEmbeddings: oldCtx } = scaling
+  const lowFreqWavelen = f(oldCtx / low) // wavelengths above this are scaled down by `factor`
+  const highFreqWavelen = f(oldCtx / high) // wavelengths below this are kept
+  return invFreq.map((inv) => {
+    const wavelen = f(f(1 / inv) * f(2 * Math.PI)) // torch's `2π / t` is `t.reciprocal() * 2π`
+    const llama = wavelen > lowFreqWavelen ? f(inv / f(factor)) : inv
+    const medium = !(wavelen < highFreqWavelen) && !(wavelen > lowFreqWavelen)
+    if (!medium) return llama
+    const smooth = f(f(f(f(1 / wavelen) * f(oldCtx)) - f(low)) / f(high - low)) // 0 at lowFreqWavelen, 1 at high
+    return f(f(f(f(1 - smooth) * llama) / f(factor)) + f(smooth * llama)) // (1 − s)·inv/factor + s·inv
+  })
+}
+
+/**
+ * RoPE tables for explicit positions: cos/sin of `pos · invFreq[i]` (`ropeInvFreq`), duplicated over both halves as
+ * in HF.
+ */
 export const ropeTables = (
   positions: ArrayLike<number>,
   headDim: number,
-  theta: number
+  theta: number,
+  scaling?: RopeScaling
 ): { readonly cos: Float32Array; readonly sin: Float32Array } => {
   const half = headDim / 2
   const cos = new Float32Array(positions.length * headDim)
   const sin = new Float32Array(positions.length * headDim)
   // HF computes inv_freq in float32; so do we, then the angle in float64.
-  const invFreq = Float32Array.from({ length: half }, (_, i) => 1 / theta ** ((2 * i) / headDim))
+  const invFreq = ropeInvFreq(headDim, theta, scaling)
   for (let n = 0; n < positions.length; n++) {
     const pos = positions[n]!
     for (let i = 0; i < half; i++) {
@@ -583,7 +610,7 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
     }
   }
   const maskBias = tf.tensor(bias, [B, T, L]) // [B, T, L]
-  const { cos, sin } = ropeTables(input.positions, hd, c.ropeTheta)
+  const { cos, sin } = ropeTables(input.positions, hd, c.ropeTheta, c.ropeScaling)
   const cosK = tf.tensor(cos, [B * T, 1, hd]) // [B·T, 1, hd]
   const sinK = tf.tensor(sin, [B * T, 1, hd]) // [B·T, 1, hd]
   const native = Fused.nativeAvailable()
