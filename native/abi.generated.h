@@ -10,7 +10,7 @@
 namespace effect_rl {
 
 // The table's hash (Abi.hash): info() reports it, and the loader refuses an addon built from another table.
-constexpr const char kAbiHash[] = "1ea208d3d30ee486";
+constexpr const char kAbiHash[] = "5bc128c3c3a4d32b";
 
 // matmul: out[b] = act(op(A[ia(b)]) · op(B[ib(b)]) + bias). ia(b) is aBatchIndex[b] when given (general batch
 // broadcasting), else b · aBatchStride; likewise ib. bias is a [N] row.
@@ -645,6 +645,73 @@ inline bool unpack(Args& args, LoadTensorArgs* in) {
   return args.ok;
 }
 
+// headLogProbs: LM head log-probs without [N, V] logits: z = h · W (W [D, V], or the embedding [V, D] used as Wᵀ when
+// `transposed`), out [N, 2] = (z[n, y_n] − lse_n, lse_n − Σ p z), lse [N] kept for the gradient. Returns false, writing
+// nothing, when a target is outside [0, V).
+struct HeadLogProbsArgs {
+  Heap heap;  // the wasm heap; null: absolute addresses
+  int64_t h;  // byte offset of float32 data; [N, D]
+  int64_t w;  // byte offset of float32 data; [D, V], or [V, D] when transposed
+  int64_t targets;  // byte offset of int32 data; [N]
+  int64_t out;  // byte offset of float32 data; [N, 2]: logp, entropy
+  int64_t lse;  // byte offset of float32 data; [N]
+  int64_t n;  // N
+  int64_t d;  // D
+  int64_t v;  // V
+  bool transposed;
+};
+napi_value HeadLogProbs(Args& args, const HeadLogProbsArgs& in);
+inline bool unpack(Args& args, HeadLogProbsArgs* in) {
+  if (!args.expectCount(10, "headLogProbs")) return false;
+  in->heap = args.heap(0);
+  in->h = args.i64(1);
+  in->w = args.i64(2);
+  in->targets = args.i64(3);
+  in->out = args.i64(4);
+  in->lse = args.i64(5);
+  in->n = args.i64(6);
+  in->d = args.i64(7);
+  in->v = args.i64(8);
+  in->transposed = args.flag(9);
+  return args.ok;
+}
+
+// headLogProbsGrad: The gradient of headLogProbs from its out and lse: gz = gLogp·(onehot − p) − gH·p·(log p + H) per
+// row (dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, dw = hᵀ · gz in W's layout.
+struct HeadLogProbsGradArgs {
+  Heap heap;  // the wasm heap; null: absolute addresses
+  int64_t h;  // byte offset of float32 data; [N, D]
+  int64_t w;  // byte offset of float32 data; [D, V], or [V, D] when transposed
+  int64_t targets;  // byte offset of int32 data; [N]
+  int64_t out;  // byte offset of float32 data; the forward's [N, 2] (its entropy column is read)
+  int64_t lse;  // byte offset of float32 data; the forward's [N]
+  int64_t dy;  // byte offset of float32 data; [N, 2]
+  int64_t dh;  // byte offset of float32 data; [N, D]
+  int64_t dw;  // byte offset of float32 data; W's shape
+  int64_t n;  // N
+  int64_t d;  // D
+  int64_t v;  // V
+  bool transposed;
+};
+napi_value HeadLogProbsGrad(Args& args, const HeadLogProbsGradArgs& in);
+inline bool unpack(Args& args, HeadLogProbsGradArgs* in) {
+  if (!args.expectCount(13, "headLogProbsGrad")) return false;
+  in->heap = args.heap(0);
+  in->h = args.i64(1);
+  in->w = args.i64(2);
+  in->targets = args.i64(3);
+  in->out = args.i64(4);
+  in->lse = args.i64(5);
+  in->dy = args.i64(6);
+  in->dh = args.i64(7);
+  in->dw = args.i64(8);
+  in->n = args.i64(9);
+  in->d = args.i64(10);
+  in->v = args.i64(11);
+  in->transposed = args.flag(12);
+  return args.ok;
+}
+
 // setThreads: Resize the thread pool (threads ≤ 0: one per hardware thread).
 struct SetThreadsArgs {
   int threads;
@@ -702,6 +769,8 @@ constexpr Export kExports[] = {
     {"linear", entry<LinearArgs, Linear>},
     {"addressOf", entry<AddressOfArgs, AddressOf>},
     {"loadTensor", entry<LoadTensorArgs, LoadTensor>},
+    {"headLogProbs", entry<HeadLogProbsArgs, HeadLogProbs>},
+    {"headLogProbsGrad", entry<HeadLogProbsGradArgs, HeadLogProbsGrad>},
     {"setThreads", entry<SetThreadsArgs, SetThreads>},
     {"info", entry<InfoArgs, Info>},
 };

@@ -48,10 +48,11 @@ static void gemmBlock(const float* A, int lda, bool ta, const float* Bp, int nc,
   }
 }
 
-// Single-threaded: callers parallelise over batches or row blocks.
+// Single-threaded: callers parallelise over batches or row blocks. `accumulate`: C += op(A)·op(B) instead of =.
 static void sgemm(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
-                  int ldc, int rowBegin, int rowEnd) {
-  for (int i = rowBegin; i < rowEnd; i++) std::memset(C + (int64_t)i * ldc, 0, sizeof(float) * N);
+                  int ldc, int rowBegin, int rowEnd, bool accumulate = false) {
+  if (!accumulate)
+    for (int i = rowBegin; i < rowEnd; i++) std::memset(C + (int64_t)i * ldc, 0, sizeof(float) * N);
   Scratch pack((size_t)KC * NC);
   for (int j0 = 0; j0 < N; j0 += NC) {
     int nc = std::min(NC, N - j0);
@@ -195,6 +196,11 @@ void gemmS(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, i
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
               ldb, beta, C, ldc);
 #else
+  // The blocked SGEMM where it applies (C = or += A·B: all the head kernel's products), else plain loops.
+  if (alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0) {
+    sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, 0, M, beta == 1.0f);
+    return;
+  }
   for (int i = 0; i < M; i++) {
     float* c = C + (int64_t)i * ldc;
     for (int j = 0; j < N; j++) c[j] = beta == 0.0f ? 0.0f : c[j] * beta;

@@ -215,6 +215,61 @@ export const attention = (
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// LM head log-probs
+
+/** True when the fused LM head kernel runs on the active backend (LogProbs then takes it for every size). */
+export const headAvailable = (): boolean => has("EffectRlHeadLogProbs")
+
+/** The tfjs composition, with the [N, V] logits held: z = h · W (or h · Wᵀ), then logp and H per row. */
+const headLogProbsStock = (h: tf.Tensor2D, w: tf.Tensor2D, targets: tf.Tensor1D, transposed: boolean): tf.Tensor2D => {
+  const z = tf.matMul(h, w, false, transposed) as tf.Tensor2D // [N, V]
+  const V = z.shape[1]
+  const lse = tf.logSumExp(z, 1) // [N]
+  const picked = tf.sum(tf.mul(z, tf.cast(tf.oneHot(tf.cast(targets, "int32"), V), "float32")), 1) // z[n, y_n]  [N]
+  const entropy = tf.sub(lse, tf.sum(tf.mul(tf.softmax(z), z), 1)) // H = lse − Σ p z  [N]
+  return tf.stack([tf.sub(picked, lse), entropy], 1) as tf.Tensor2D // [N, 2]
+}
+
+/**
+ * Per-row log-prob of the target and entropy under the LM head: z = h · W, `[N, 2]` = (z[n, y_n] − logsumexp(z_n),
+ * logsumexp(z_n) − Σ_v p_v z_v). h `[N, D]`, targets int32 `[N]`; W `[D, V]` as held, or with `transposed` the tied
+ * embedding `[V, D]` itself (no transposed copy). Differentiable in h and W; the gradient in W has W's layout.
+ *
+ * Natively no `[N, V]` tensor exists, forward or backward: the kernel tiles the vocabulary and recomputes the logits
+ * in the gradient (native/head.cc). Without the kernel this is the plain composition (LogProbs.fusedHead is the
+ * chunked one for large vocabularies).
+ */
+export const headLogProbs = (
+  h: tf.Tensor2D,
+  w: tf.Tensor2D,
+  targets: tf.Tensor1D,
+  options: { readonly transposed?: boolean } = {}
+): tf.Tensor2D => {
+  const transposed = options.transposed ?? false
+  if (!headAvailable()) return headLogProbsStock(h, w, targets, transposed)
+  const y = targets.dtype === "int32" ? targets : (tf.cast(targets, "int32") as tf.Tensor1D)
+  if (!tapeOn()) {
+    const [out, lse] = run("EffectRlHeadLogProbs", { h, w, targets: y }, { transposed })
+    lse!.dispose()
+    return out as tf.Tensor2D
+  }
+  const op = tf.customGrad(((hIn: tf.Tensor, wIn: tf.Tensor, save: tf.GradSaveFunc) => {
+    const [out, lse] = run("EffectRlHeadLogProbs", { h: hIn, w: wIn, targets: y }, { transposed })
+    save([hIn, wIn, y, out!, lse!])
+    return {
+      value: out!,
+      gradFunc: (dy: tf.Tensor, saved: Array<tf.Tensor>) =>
+        run(
+          "EffectRlHeadLogProbsGrad",
+          { h: saved[0]!, w: saved[1]!, targets: saved[2]!, out: saved[3]!, lse: saved[4]!, dy },
+          { transposed }
+        )
+    }
+  }) as AnyGradFunc) as unknown as (h: tf.Tensor, w: tf.Tensor) => tf.Tensor2D
+  return op(h, w)
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Inference-only fusions (no gradients)
 
 /** A layer's cached keys/values `[B, C, Hkv, hd]`, of which the first `length` slots count (C ≥ length: room to grow). */

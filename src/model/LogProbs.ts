@@ -14,16 +14,19 @@
  * tensor plus the log-sum-exp's temporaries (and a softmax and a product for the entropy), all kept by the tape.
  * Larger ones (e.g. the 151k Qwen vocabulary) take the fused head (`fusedHead`): a custom gradient that computes
  * logits chunk by chunk of rows and recomputes them in the backward pass, so no [N, V] tensor is ever alive, at
- * the cost of one more head matmul. The trunk's activations are the other large part: with `input.checkpoint` each
+ * the cost of one more head matmul. With the native kernels every size takes Fused.headLogProbs instead: the same
+ * maths in one kernel over blocks of the vocabulary (native/head.cc), reading a tied embedding `[V, D]` as it is rather
+ * than transposing it on every forward. The trunk's activations are the other large part: with `input.checkpoint` each
  * decoder layer keeps only its input and is recomputed in the backward pass (Recompute.ts).
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Fused from "./Fused.ts"
 import * as Transformer from "./Transformer.ts"
 
 export interface Options {
   readonly temperature?: number // τ, default 1
   readonly entropy?: boolean // also compute H (default false)
-  /** Use the fused chunked head when N·V exceeds this (default 2²⁴). */
+  /** Use the fused chunked head when N·V exceeds this (default 2²⁴; 0 when the native head kernel runs). */
   readonly fusedAbove?: number
   /** Rows per chunk in the fused head (default: as many as fit 2²⁴ logits). */
   readonly chunkRows?: number
@@ -136,6 +139,15 @@ export const fusedHead = (
     }
   })
 
+/** The logp and H columns of a head's `[N, 2]` output. */
+const columns = (both: tf.Tensor2D): { readonly logprobs: tf.Tensor1D; readonly entropy: tf.Tensor1D } => {
+  const N = both.shape[0]
+  return {
+    logprobs: tf.reshape(tf.slice(both, [0, 0], [N, 1]), [N]) as tf.Tensor1D,
+    entropy: tf.reshape(tf.slice(both, [0, 1], [N, 1]), [N]) as tf.Tensor1D
+  }
+}
+
 /** Per-token log-probs (and entropy) of `input.ids` under the model's current weights. Differentiable. */
 export const ofSequences = (
   model: Transformer.Transformer,
@@ -182,9 +194,15 @@ export const ofSequences = (
     const N = h.shape[0]
     const scaled = tau === 1 ? h : (tf.mul(h, 1 / tau) as tf.Tensor2D) // [N, D]
     const V = model.config.vocabSize
+    // the native head kernel holds no [N, V] tensor at any size, and reads a tied embedding as it is
+    const native = Fused.headAvailable()
     const out =
-      N * V > (options.fusedAbove ?? 2 ** 24)
-        ? fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
+      N * V > (options.fusedAbove ?? (native ? 0 : 2 ** 24))
+        ? native
+          ? columns(
+              Fused.headLogProbs(scaled, view.head ?? view.embed, targets, { transposed: view.head === undefined })
+            )
+          : fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
         : fromLogits(Transformer.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]
     const pad = (x: tf.Tensor1D): tf.Tensor2D => {
       const full = back === undefined ? x : (tf.gather(tf.concat([tf.zeros([1]), x]), back) as tf.Tensor1D) // [B·(T−1)]

@@ -405,6 +405,46 @@ export const functions = {
     ],
     returns: "number"
   },
+  headLogProbs: {
+    doc:
+      "LM head log-probs without [N, V] logits: z = h · W (W [D, V], or the embedding [V, D] used as Wᵀ when " +
+      "`transposed`), out [N, 2] = (z[n, y_n] − lse_n, lse_n − Σ p z), lse [N] kept for the gradient. Returns false, " +
+      "writing nothing, when a target is outside [0, V).",
+    args: [
+      heap,
+      ["h", "f32Buffer", "[N, D]"],
+      ["w", "f32Buffer", "[D, V], or [V, D] when transposed"],
+      ["targets", "i32Buffer", "[N]"],
+      ["out", "f32Buffer", "[N, 2]: logp, entropy"],
+      ["lse", "f32Buffer", "[N]"],
+      ["n", "i64", "N"],
+      ["d", "i64", "D"],
+      ["v", "i64", "V"],
+      ["transposed", "bool"]
+    ],
+    returns: "bool"
+  },
+  headLogProbsGrad: {
+    doc:
+      "The gradient of headLogProbs from its out and lse: gz = gLogp·(onehot − p) − gH·p·(log p + H) per row " +
+      "(dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, dw = hᵀ · gz in W's layout.",
+    args: [
+      heap,
+      ["h", "f32Buffer", "[N, D]"],
+      ["w", "f32Buffer", "[D, V], or [V, D] when transposed"],
+      ["targets", "i32Buffer", "[N]"],
+      ["out", "f32Buffer", "the forward's [N, 2] (its entropy column is read)"],
+      ["lse", "f32Buffer", "the forward's [N]"],
+      ["dy", "f32Buffer", "[N, 2]"],
+      ["dh", "f32Buffer", "[N, D]"],
+      ["dw", "f32Buffer", "W's shape"],
+      ["n", "i64", "N"],
+      ["d", "i64", "D"],
+      ["v", "i64", "V"],
+      ["transposed", "bool"]
+    ],
+    returns: "void"
+  },
   setThreads: {
     doc: "Resize the thread pool (threads ≤ 0: one per hardware thread).",
     args: [["threads", "int"]],

@@ -218,6 +218,60 @@ export const kernels: Readonly<Record<string, OwnKernel>> = {
     })
     return [dq, dk, dv]
   },
+  // h [N, D], w [D, V] (or the embedding [V, D] when transposed), targets int32 [N] → out [N, 2] (logp, entropy),
+  // lse [N] (for the gradient)
+  EffectRlHeadLogProbs: (kernels, { inputs, backend, attrs }) => {
+    const { h, w, targets } = inputs as Record<"h" | "w" | "targets", tf.TensorInfo>
+    const transposed = (attrs as { transposed: boolean }).transposed
+    const [N, D] = h.shape as [number, number]
+    const out = backend.makeOutput([N, 2], "float32")
+    const lse = backend.makeOutput([N], "float32")
+    if (N === 0) return [out, lse]
+    const ok = kernels.headLogProbs({
+      heap: backend.wasm.HEAPU8,
+      h: offsetOf(backend, h),
+      w: offsetOf(backend, w),
+      targets: offsetOf(backend, targets),
+      out: offsetOf(backend, out),
+      lse: offsetOf(backend, lse),
+      n: N,
+      d: D,
+      v: transposed ? w.shape[0]! : w.shape[1]!,
+      transposed
+    })
+    if (!ok) {
+      backend.disposeData(out.dataId)
+      backend.disposeData(lse.dataId)
+      throw new Error("EffectRlHeadLogProbs: a target is outside [0, vocabulary size)")
+    }
+    return [out, lse]
+  },
+  EffectRlHeadLogProbsGrad: (kernels, { inputs, backend, attrs }) => {
+    const { h, w, targets, out, lse, dy } = inputs as Record<
+      "h" | "w" | "targets" | "out" | "lse" | "dy",
+      tf.TensorInfo
+    >
+    const transposed = (attrs as { transposed: boolean }).transposed
+    const [N, D] = h.shape as [number, number]
+    const dh = backend.makeOutput([N, D], "float32")
+    const dw = backend.makeOutput([...w.shape], "float32")
+    kernels.headLogProbsGrad({
+      heap: backend.wasm.HEAPU8,
+      h: offsetOf(backend, h),
+      w: offsetOf(backend, w),
+      targets: offsetOf(backend, targets),
+      out: offsetOf(backend, out),
+      lse: offsetOf(backend, lse),
+      dy: offsetOf(backend, dy),
+      dh: offsetOf(backend, dh),
+      dw: offsetOf(backend, dw),
+      n: N,
+      d: D,
+      v: transposed ? w.shape[0]! : w.shape[1]!,
+      transposed
+    })
+    return [dh, dw]
+  },
   // a [M, K] @ b [K, N] (rows of a RMS-normed first when normEps ≥ 0) + residual? [M, N]
   EffectRlLinear: (kernels, { inputs, backend, attrs }) => {
     const { a, b, residual } = inputs as { a: tf.TensorInfo; b: tf.TensorInfo; residual?: tf.TensorInfo }
