@@ -10,7 +10,7 @@
 namespace effect_rl {
 
 // The table's hash (Abi.hash): info() reports it, and the loader refuses an addon built from another table.
-constexpr const char kAbiHash[] = "5bc128c3c3a4d32b";
+constexpr const char kAbiHash[] = "ba3e498750532ce4";
 
 // matmul: out[b] = act(op(A[ia(b)]) · op(B[ib(b)]) + bias). ia(b) is aBatchIndex[b] when given (general batch
 // broadcasting), else b · aBatchStride; likewise ib. bias is a [N] row.
@@ -712,6 +712,62 @@ inline bool unpack(Args& args, HeadLogProbsGradArgs* in) {
   return args.ok;
 }
 
+// matmulBf16: out [m, n] = a [m, k] · op(b), b bfloat16 bits stored [k, n] (or [n, k] with transposeB, giving a · bᵀ):
+// frozen weights kept as bfloat16, widened a block of columns at a time in each thread's scratch.
+struct MatmulBf16Args {
+  Heap heap;  // the wasm heap; null: absolute addresses
+  int64_t a;  // byte offset of float32 data
+  int64_t b;  // byte offset; bfloat16 bits
+  int64_t out;  // byte offset of float32 data
+  int m;
+  int n;
+  int k;
+  bool transposeB;
+};
+napi_value MatmulBf16(Args& args, const MatmulBf16Args& in);
+inline bool unpack(Args& args, MatmulBf16Args* in) {
+  if (!args.expectCount(8, "matmulBf16")) return false;
+  in->heap = args.heap(0);
+  in->a = args.i64(1);
+  in->b = args.i64(2);
+  in->out = args.i64(3);
+  in->m = (int)args.i64(4);
+  in->n = (int)args.i64(5);
+  in->k = (int)args.i64(6);
+  in->transposeB = args.flag(7);
+  return args.ok;
+}
+
+// toBf16: out[i] = x[i] rounded to bfloat16 (to nearest even; NaN stays NaN), i < n.
+struct ToBf16Args {
+  View x;  // a typed array or DataView; float32
+  View out;  // a typed array or DataView; bfloat16 bits
+  int64_t n;
+};
+napi_value ToBf16(Args& args, const ToBf16Args& in);
+inline bool unpack(Args& args, ToBf16Args* in) {
+  if (!args.expectCount(3, "toBf16")) return false;
+  in->x = args.view(0);
+  in->out = args.view(1);
+  in->n = args.i64(2);
+  return args.ok;
+}
+
+// fromBf16: out[i] = x[i] widened to float32, i < n.
+struct FromBf16Args {
+  View x;  // a typed array or DataView; bfloat16 bits
+  View out;  // a typed array or DataView; float32
+  int64_t n;
+};
+napi_value FromBf16(Args& args, const FromBf16Args& in);
+inline bool unpack(Args& args, FromBf16Args* in) {
+  if (!args.expectCount(3, "fromBf16")) return false;
+  in->x = args.view(0);
+  in->out = args.view(1);
+  in->n = args.i64(2);
+  return args.ok;
+}
+
 // setThreads: Resize the thread pool (threads ≤ 0: one per hardware thread).
 struct SetThreadsArgs {
   int threads;
@@ -771,6 +827,9 @@ constexpr Export kExports[] = {
     {"loadTensor", entry<LoadTensorArgs, LoadTensor>},
     {"headLogProbs", entry<HeadLogProbsArgs, HeadLogProbs>},
     {"headLogProbsGrad", entry<HeadLogProbsGradArgs, HeadLogProbsGrad>},
+    {"matmulBf16", entry<MatmulBf16Args, MatmulBf16>},
+    {"toBf16", entry<ToBf16Args, ToBf16>},
+    {"fromBf16", entry<FromBf16Args, FromBf16>},
     {"setThreads", entry<SetThreadsArgs, SetThreads>},
     {"info", entry<InfoArgs, Info>},
 };

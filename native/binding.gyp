@@ -13,7 +13,8 @@
         "fused.cc",
         "attention.cc",
         "io.cc",
-        "head.cc"
+        "head.cc",
+        "bf16.cc"
       ],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],

@@ -135,7 +135,40 @@ static void smallRows(int N, int K, const float* A, const float* B, float* C, in
   }
 }
 
+// Wide B (rows ≥ 1 KB apart: a projection's [D, I], an LM head's [D, V]): walking a narrow column panel down K rows
+// touches a new page per row and defeats the prefetcher (up to 10x slower than streaming). Instead, chunks of W columns: each row of B is read as one
+// contiguous W-float run into R accumulator rows that stay in L1.
+template <int R>
+static void smallRowsWide(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
+  constexpr int W = 512;
+  alignas(64) float acc[R][W];
+  for (int j0 = n0; j0 < n1; j0 += W) {
+    int w = std::min(W, n1 - j0);
+    for (int r = 0; r < R; r++) std::memset(acc[r], 0, sizeof(float) * w);
+    for (int k = 0; k < K; k++) {
+      const float* b = B + (int64_t)k * N + j0;
+      for (int r = 0; r < R; r++) {
+        float a = A[(int64_t)(i0 + r) * K + k];
+        float* c = acc[r];
+        if (w == W) {
+          for (int j = 0; j < W; j++) c[j] += a * b[j];
+        } else {
+          for (int j = 0; j < w; j++) c[j] += a * b[j];
+        }
+      }
+    }
+    for (int r = 0; r < R; r++) std::memcpy(C + (int64_t)(i0 + r) * N + j0, acc[r], sizeof(float) * w);
+  }
+}
+
 void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  if (N >= 256) {
+    int i0 = 0;
+    for (; i0 + 8 <= M; i0 += 8) smallRowsWide<8>(N, K, A, B, C, i0, n0, n1);
+    for (; i0 + 4 <= M; i0 += 4) smallRowsWide<4>(N, K, A, B, C, i0, n0, n1);
+    for (; i0 < M; i0++) smallRowsWide<1>(N, K, A, B, C, i0, n0, n1);
+    return;
+  }
   int i0 = 0;
   for (; i0 + 8 <= M; i0 += 8) smallRows<8, 2>(N, K, A, B, C, i0, n0, n1);  // batch-8 decode: B read once
   for (; i0 + 4 <= M; i0 += 4) smallRows<4, 4>(N, K, A, B, C, i0, n0, n1);

@@ -244,6 +244,48 @@ export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.custom
 ) as unknown as (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 
 /**
+ * `x @ W` for a frozen W (a LoRA run's base weight): the gradient flows to x only, so the backward pass skips the
+ * `xᵀ dy` product a trained W needs, the costliest matmul of a LoRA step. W may be stored as bfloat16 (native
+ * backend: `Transformer.frozenWeights`); the native matmul widens it block by block.
+ */
+export const linearFrozen = (x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D =>
+  tf.customGrad(
+    // biome-ignore lint/suspicious/noExplicitAny: tfjs' CustomGradientFunc types its inputs as Tensor[] spread
+    ((xIn: tf.Tensor2D, save: any) => {
+      save([])
+      return {
+        value: tf.matMul(xIn, w), // [N, out]
+        gradFunc: (dy: tf.Tensor2D) =>
+          Fused.nativeAvailable() ? [tf.matMul(dy, w, false, true)] : [tf.matMul(dy, tf.transpose(w))] // dx [N, in]
+      }
+      // biome-ignore lint/suspicious/noExplicitAny: see above
+    }) as any
+  )(x) as tf.Tensor2D
+
+/**
+ * The weights a model only reads: the base projection weights that carry LoRA adapters (they are never trained), or
+ * with `all`, every projection weight (a model loaded for inference only). What can be stored as bfloat16.
+ */
+export const frozenWeights = (model: Transformer, all = false): Array<tf.Variable> =>
+  [...model.params.entries()]
+    .filter(([name]) => name.endsWith("_proj.weight") && (all || model.adapters.has(name.slice(0, -".weight".length))))
+    .map(([, v]) => v)
+
+const storedFrozen = new WeakSet<Transformer>()
+
+/**
+ * Hand each frozen weight (`frozenWeights(model, all)`) to `store`, which may keep it more compactly (the native
+ * backend's `storeBf16`), and remember it: inference views of the model then read weights in place (lean) instead of
+ * fusing or merging copies, which would undo the compact storage. Returns the bytes `store` reports saved.
+ */
+export const storeFrozen = (model: Transformer, store: (weight: tf.Variable) => number, all = false): number => {
+  let saved = 0
+  for (const w of frozenWeights(model, all)) saved += store(w)
+  if (saved > 0) storedFrozen.add(model)
+  return saved
+}
+
+/**
  * How the stock (tfjs-composed) attention runs its batched matmuls: `"batched"` (default) or `"split"` into 2-D
  * matmuls. See `Fused.setAttentionMatmul`.
  */
@@ -346,7 +388,8 @@ export interface InferenceViewOptions {
   /**
    * Read the live weights in place instead of fusing copies (q|k|v, gate|up, the head with the final norm folded in),
    * which cost about 75% of the weights again. Default: lean above `leanAboveBytes` of weights, where the copies
-   * would matter (Qwen3-1.7B and larger), fused below it, where a decode step's kernel count does.
+   * would matter (Qwen3-1.7B and larger), and when frozen weights are stored compactly (`storeFrozen`); fused
+   * otherwise, where a decode step's kernel count matters more.
    */
   readonly lean?: boolean
 }
@@ -355,6 +398,7 @@ export interface InferenceViewOptions {
 export const leanAboveBytes = 4 * 2 ** 30
 
 const leanByDefault = (model: Transformer): boolean => {
+  if (storedFrozen.has(model)) return true
   let bytes = 0
   for (const v of model.params.values()) bytes += v.size * 4
   return bytes > leanAboveBytes
@@ -442,7 +486,8 @@ const project = (
   dropoutSeed: string | undefined,
   mm: MatMul2D = linear
 ): tf.Tensor2D => {
-  let y = mm(x, p.w) // [N, out]
+  // with an adapter the base is frozen (only adapters train): no gradient for it
+  let y = p.adapter !== undefined && mm === linear ? linearFrozen(x, p.w) : mm(x, p.w) // [N, out]
   if (p.b !== undefined) y = tf.add(y, p.b)
   if (p.adapter !== undefined) {
     const xIn =

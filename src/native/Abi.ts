@@ -445,6 +445,40 @@ export const functions = {
     ],
     returns: "void"
   },
+  matmulBf16: {
+    doc:
+      "out [m, n] = a [m, k] · op(b), b bfloat16 bits stored [k, n] (or [n, k] with transposeB, giving a · bᵀ): frozen " +
+      "weights kept as bfloat16, widened a block of columns at a time in each thread's scratch.",
+    args: [
+      heap,
+      ["a", "f32Buffer"],
+      ["b", "byteBuffer", "bfloat16 bits"],
+      ["out", "f32Buffer"],
+      ["m", "int"],
+      ["n", "int"],
+      ["k", "int"],
+      ["transposeB", "bool"]
+    ],
+    returns: "void"
+  },
+  toBf16: {
+    doc: "out[i] = x[i] rounded to bfloat16 (to nearest even; NaN stays NaN), i < n.",
+    args: [
+      ["x", "view", "float32"],
+      ["out", "view", "bfloat16 bits"],
+      ["n", "i64"]
+    ],
+    returns: "void"
+  },
+  fromBf16: {
+    doc: "out[i] = x[i] widened to float32, i < n.",
+    args: [
+      ["x", "view", "bfloat16 bits"],
+      ["out", "view", "float32"],
+      ["n", "i64"]
+    ],
+    returns: "void"
+  },
   setThreads: {
     doc: "Resize the thread pool (threads ≤ 0: one per hardware thread).",
     args: [["threads", "int"]],

@@ -3,6 +3,10 @@
  * tensor's data in its own typed array, as tfjs' cpu backend does, so no tensor is bounded by the 4 GB wasm heap. Its
  * kernels see it through `WasmBackend` (WasmKernel.ts), the surface the wasm kernels are written against, with a null
  * heap: every buffer is passed by its absolute address (`addressOf`), which V8 keeps fixed while the typed array lives.
+ *
+ * A float32 tensor may be stored as bfloat16 bits (a Uint16Array: frozen weights, NativeBackend.storeBf16). Kernels
+ * that read bfloat16 (the matmul's weight operand) take it as it is (`bf16Offset`); any other kernel widens it to
+ * float32 in place first, so a result is never computed from the bits as if they were floats.
  */
 import * as tf from "@tensorflow/tfjs"
 import type * as Abi from "./Abi.ts"
@@ -33,9 +37,33 @@ const arrayTypes: Partial<Record<tf.DataType, abstract new (...args: never) => A
  * The data of `dataId` as a typed array of its dtype's type, made one if the backend holds something else: a plain
  * array, or another typed array (the cpu backend's OneHot, for one, keeps an int32 tensor in a Float32Array).
  */
-const valuesOf = (backend: JsMemoryBackend, dataId: object): ArrayBufferView => {
+/** A float32 tensor stored as bfloat16 bits (`storeBf16`). */
+export const isBf16 = (entry: { values?: unknown; dtype: tf.DataType }): boolean =>
+  entry.dtype === "float32" && entry.values instanceof Uint16Array
+
+/** bfloat16 bits widened to a new float32 array. */
+export const widen = (kernels: Abi.Kernels, bits: Uint16Array): Float32Array => {
+  const out = new Float32Array(bits.length)
+  if (bits.length > 0) kernels.fromBf16({ x: bits, out, n: bits.length })
+  return out
+}
+
+/** float32 values rounded to a new array of bfloat16 bits (to nearest even). */
+export const narrow = (kernels: Abi.Kernels, values: Float32Array): Uint16Array => {
+  const out = new Uint16Array(values.length)
+  if (values.length > 0) kernels.toBf16({ x: values, out, n: values.length })
+  return out
+}
+
+const valuesOf = (kernels: Abi.Kernels, backend: JsMemoryBackend, dataId: object): ArrayBufferView => {
   const entry = backend.data.get(dataId)
   if (entry === undefined) throw new Error("native backend: a kernel input was already disposed")
+  if (isBf16(entry)) {
+    // a kernel that reads float32 only: the tensor is float32 from now on
+    const widened = widen(kernels, entry.values as Uint16Array)
+    entry.values = widened
+    return widened
+  }
   if (ArrayBuffer.isView(entry.values) && entry.values.constructor === arrayTypes[entry.dtype]) return entry.values
   if (entry.dtype === "string" || entry.dtype === "complex64") {
     throw new Error(`native backend: native kernels do not take ${entry.dtype} tensors`)
@@ -52,8 +80,7 @@ const valuesOf = (backend: JsMemoryBackend, dataId: object): ArrayBufferView => 
 export const view = (kernels: Abi.Kernels, backend: JsMemoryBackend): WasmBackend => {
   const known = views.get(backend)
   if (known !== undefined) return known
-  const address = (dataId: object): number => {
-    const values = valuesOf(backend, dataId)
+  const addressOfView = (values: ArrayBufferView): number => {
     let at = addresses.get(values)
     if (at === undefined) {
       at = kernels.addressOf({ view: values })
@@ -61,9 +88,14 @@ export const view = (kernels: Abi.Kernels, backend: JsMemoryBackend): WasmBacken
     }
     return at
   }
+  const address = (dataId: object): number => addressOfView(valuesOf(kernels, backend, dataId))
   const made: WasmBackend = {
     wasm: { HEAPU8: null },
     dataIdMap: { get: (dataId) => ({ memoryOffset: address(dataId) }) },
+    bf16Offset: (dataId) => {
+      const entry = backend.data.get(dataId)
+      return entry !== undefined && isBf16(entry) ? addressOfView(entry.values as Uint16Array) : undefined
+    },
     makeOutput: (shape, dtype) =>
       backend.makeTensorInfo(shape, dtype, tf.util.getTypedArrayFromDType(dtype as "float32", sizeOf(shape))),
     incRef: (dataId) => backend.incRef(dataId),

@@ -14,6 +14,7 @@
  * returns no kernels and warns once.
  */
 import * as tf from "@tensorflow/tfjs"
+import type * as Abi from "./Abi.ts"
 import * as Adam from "./Adam.ts"
 import * as Addon from "./Addon.ts"
 import * as FusedKernels from "./FusedKernels.ts"
@@ -24,6 +25,10 @@ import type { KernelArgs, OwnKernel } from "./WasmKernel.ts"
 export { adam, NativeAdam } from "./Adam.ts"
 export type { Status } from "./Addon.ts"
 export { stats, status } from "./Addon.ts"
+export { isBf16, narrow, widen } from "./JsMemory.ts"
+
+/** The addon's functions (undefined when it is unavailable: `status()` says why). */
+export const addon = (): Abi.Kernels | undefined => Addon.load().kernels
 
 type KernelCall = Parameters<tf.KernelFunc>[0]
 

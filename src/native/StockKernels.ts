@@ -25,6 +25,26 @@ const matmul = (
   alpha: number
 ): tf.TensorInfo | undefined => {
   if (a.dtype !== "float32" || b.dtype !== "float32" || a.shape.length < 2 || b.shape.length < 2) return undefined
+  const bf16 = backend.bf16Offset?.(b.dataId)
+  if (bf16 !== undefined && a.shape.length === 2 && b.shape.length === 2 && !transposeA && bias === undefined) {
+    // a frozen bfloat16 weight: widened a block at a time (other shapes widen it whole, through offsetOf below)
+    const [m, k] = a.shape as [number, number]
+    const [kB, n] = transposeB ? [b.shape[1]!, b.shape[0]!] : [b.shape[0]!, b.shape[1]!]
+    if (k === kB && activation === 0) {
+      const out = backend.makeOutput([m, n], "float32")
+      kernels.matmulBf16({
+        heap: backend.wasm.HEAPU8,
+        a: offsetOf(backend, a),
+        b: bf16,
+        out: offsetOf(backend, out),
+        m,
+        n,
+        k,
+        transposeB
+      })
+      return out
+    }
+  }
   const aRank = a.shape.length
   const bRank = b.shape.length
   const m = transposeA ? a.shape[aRank - 1]! : a.shape[aRank - 2]!

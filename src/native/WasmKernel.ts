@@ -11,6 +11,12 @@ import type * as Abi from "./Abi.ts"
 export interface WasmBackend {
   readonly wasm: { readonly HEAPU8: Uint8Array | null }
   readonly dataIdMap: { get(dataId: object): { memoryOffset: number } }
+  /**
+   * The address of a float32 tensor stored as bfloat16 bits (the native backend's frozen weights), or undefined for
+   * any other tensor. Kernels that read bfloat16 ask this first; `dataIdMap.get` widens such a tensor to float32 in
+   * place, for every kernel that does not.
+   */
+  readonly bf16Offset?: (dataId: object) => number | undefined
   makeOutput(shape: Array<number>, dtype: tf.DataType): tf.TensorInfo
   incRef(dataId: object): void
   disposeData(dataId: object): boolean
