@@ -1,27 +1,40 @@
 /**
- * Shared by bench/train-step.ts and bench/sample.ts: the perf model (the one bench/model-throughput.ts uses: Qwen3-style,
- * vocab 512, d_model 256, 4 layers, 4 heads, SwiGLU 1024, tied embeddings, fp32) or a HF checkpoint (`--model DIR`,
- * e.g. one made by scripts/make-checkpoint.ts), backend set-up (`--backend wasm|webgpu|cpu`, wasm with native or stock
- * kernels), medians, and the PyTorch peer (bench/torch/*.py, run with the system python3 in the same run; with
- * `--torch-device cuda` on the GPU).
+ * Shared by bench/train-step.ts and bench/sample.ts: the perf model (the one bench/model-throughput.ts uses:
+ * Qwen3-style, vocab 512, d_model 256, 4 layers, 4 heads, SwiGLU 1024, tied embeddings, fp32) or a HF checkpoint
+ * (`--model DIR`, e.g. one made by scripts/make-checkpoint.ts), backend set-up (`--backend NAME`: any name the run
+ * config accepts but auto: wasm (default), native, cpu, webgpu, tensorflow, tensorflow-gpu; native or stock kernels),
+ * medians, peak memory, and the PyTorch peer (bench/torch/*.py, run with the system python3 in the same run, loading
+ * the same safetensors; with `--torch-device cuda` on the GPU).
+ *
+ * Peak memory: ours is this process's maxRSS read before the peer starts (a child's memory never counts in it); the
+ * peer reports its own ru_maxrss. When the kernel kills the peer (SIGKILL, most likely out of memory) the run goes on
+ * and records `torch: {"error": "killed (out of memory?) at X MB"}`, X the peer's high-water mark as last sampled.
  */
-import { execFileSync, spawnSync } from "node:child_process"
+import { execFileSync, spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
-import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import * as WebGpu from "../src/backend/WebGpu.ts"
+import * as BackendConfig from "../src/config/BackendConfig.ts"
 import * as Checkpoint from "../src/model/Checkpoint.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as NativeKernels from "../src/native/NativeKernels.ts"
+import * as TensorFile from "../src/native/TensorFile.ts"
 
 export const arg = (name: string, fallback: string): string => {
   const i = process.argv.indexOf(`--${name}`)
   return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
 }
+
+/** A flag without a value (`--no-torch`). */
+export const has = (name: string): boolean => process.argv.includes(`--${name}`)
+
+/** True when `--model DIR` names a checkpoint (the benches' defaults then move to real-model sizes). */
+export const hasModel = (): boolean => arg("model", "") !== ""
 
 export const perfConfig = ModelConfig.fromInit({
   architecture: "qwen3",
@@ -46,7 +59,7 @@ export const benchModel = async (): Promise<{ model: Transformer.Transformer; na
   const start = performance.now()
   const config = await Checkpoint.readConfig(dir)
   WebGpu.checkModelFits(config)
-  const { model } = await Checkpoint.load(dir)
+  const { model } = await TensorFile.load(dir)
   // one tiny forward so the upload of the weights counts as loading, not as the first step
   const probe = tf.tidy(() => Transformer.forward(model, { ids: [[1, 2]] }))
   await probe.data()
@@ -54,11 +67,15 @@ export const benchModel = async (): Promise<{ model: Transformer.Transformer; na
   return { model, name: path.basename(path.resolve(dir)), loadSeconds: (performance.now() - start) / 1000 }
 }
 
-export type BenchBackend = "wasm" | "webgpu" | "cpu"
+export type BenchBackend = Exclude<BackendConfig.BackendName, "auto">
+
+/** Every backend the run config names, but auto: the bench measures one backend, named. */
+const backendNames = BackendConfig.BackendName.literals.filter((n): n is BenchBackend => n !== "auto")
 
 /**
- * `--backend wasm` (default) with native kernels (default) or stock ones (`--kernels stock`), `webgpu`, or `cpu`.
- * Returns the thread count used.
+ * `--backend NAME` (default wasm) with native kernels (default) or stock ones (`--kernels stock`). `threads` is what
+ * the backend computes with (cores with native kernels, 1 for stock wasm and cpu), and the most the PyTorch peer may
+ * use.
  */
 export const setUpBackend = async (): Promise<{
   backend: BenchBackend
@@ -68,19 +85,24 @@ export const setUpBackend = async (): Promise<{
   adapter: WebGpu.Adapter | null
 }> => {
   const backend = arg("backend", "wasm") as BenchBackend
-  if (!["wasm", "webgpu", "cpu"].includes(backend)) throw new Error(`--backend ${backend}: one of wasm, webgpu, cpu`)
-  const kernels = arg("kernels", "native") === "stock" || backend !== "wasm" ? "stock" : "native"
+  if (!backendNames.includes(backend)) throw new Error(`--backend ${backend}: one of ${backendNames.join(", ")}`)
   const threads = Number(arg("threads", String(os.availableParallelism())))
+  const kernels = arg("kernels", "native") === "stock" ? "stock" : "native"
   const info = await Effect.runPromise(TensorBackend.initialise({ name: backend, threads, kernels }))
-  const registered = kernels === "native" ? NativeKernels.register("wasm", threads).length : 0
+  const native = info.kernels === "native"
   return {
     backend,
-    kernels: registered > 0 ? "native" : "stock",
-    threads: registered > 0 ? threads : 1,
-    registered,
+    kernels: info.kernels,
+    // a GPU backend's peer on the CPU gets one thread, as before (compare with --torch-device cuda instead)
+    threads:
+      backend === "webgpu" || backend === "tensorflow-gpu" ? 1 : native ? info.threads || threads : info.threads || 1,
+    registered: native ? info.addedKernels.length : 0,
     adapter: info.adapter ?? null
   }
 }
+
+/** This process's peak resident memory so far, MB (children excluded). */
+export const peakRssMb = (): number => process.resourceUsage().maxRSS / 1024
 
 const median = (xs: Array<number>): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
 
@@ -116,7 +138,17 @@ export interface Throughput {
 export interface TorchResult extends Throughput {
   readonly threads: number
   readonly matmulGflops: number
+  readonly peakRssMb: number
+  readonly trainable?: number // train-step: parameters the optimizer updates
 }
+
+/** The peer did not finish: the kernel killed it (most likely out of memory). */
+export interface TorchFailure {
+  readonly error: string
+}
+
+export const failed = (torch: TorchResult | TorchFailure | undefined): torch is TorchFailure =>
+  torch !== undefined && "error" in torch
 
 // BENCH_PYTHON: another interpreter with torch (e.g. a GPU machine's CUDA build); then nothing is installed
 const python = process.env["BENCH_PYTHON"] ?? "/usr/bin/python3"
@@ -134,27 +166,55 @@ const ensureTorch = (): void => {
   })
 }
 
+/** The high-water mark of a process's resident memory, MB, from /proc (undefined once it is gone). */
+const highWaterMb = (pid: number): number | undefined => {
+  try {
+    const kb = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]
+    return kb === undefined ? undefined : Number(kb) / 1024
+  } catch {
+    return undefined
+  }
+}
+
 /**
- * Run bench/torch/<script>.py with up to `threads` threads (it picks its faster setting); its last stdout line.
- * `extra`: the workload for a `--model` run (config.json path, batch, lengths, device), passed on as flags.
+ * Run bench/torch/<script>.py with up to `threads` threads (it picks its faster setting); its last stdout line, or a
+ * TorchFailure when the kernel killed it. Any other failure throws. `extra`: the workload (checkpoint, batch, lengths,
+ * device, LoRA, checkpointing), passed on as flags. Its stderr goes to ours.
  */
-export const runTorch = (
+export const runTorch = async (
   script: string,
   threads: number,
   iters: number,
   extra: ReadonlyArray<string> = []
-): TorchResult => {
+): Promise<TorchResult | TorchFailure> => {
   ensureTorch()
-  const out = execFileSync(
+  const child = spawn(
     python,
     [path.join(import.meta.dirname, "torch", script), String(threads), String(iters), ...extra],
     {
       cwd: path.join(import.meta.dirname, "torch"),
-      encoding: "utf8",
-      env: { ...process.env, OMP_NUM_THREADS: String(threads), OPENBLAS_NUM_THREADS: String(threads) }
+      env: { ...process.env, OMP_NUM_THREADS: String(threads), OPENBLAS_NUM_THREADS: String(threads) },
+      stdio: ["ignore", "pipe", "inherit"]
     }
   )
-  const result = JSON.parse(out.trim().split("\n").at(-1)!) as TorchResult
+  let stdout = ""
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => (stdout += chunk))
+  let highWater = 0
+  const sample = () => (highWater = Math.max(highWater, highWaterMb(child.pid ?? -1) ?? 0))
+  const timer = setInterval(sample, 100)
+  const exit = await new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+    child.on("error", reject)
+    child.on("exit", (code, signal) => resolve({ code, signal }))
+  }).finally(() => clearInterval(timer))
+  if (exit.signal === "SIGKILL") {
+    const error = `killed (out of memory?) at ${highWater.toFixed(0)} MB`
+    console.error(`bench: torch ${script} was ${error}`)
+    return { error }
+  }
+  if (exit.code !== 0) {
+    throw new Error(`torch ${script} failed (${exit.signal ?? `exit code ${exit.code}`}); its stderr is above`)
+  }
+  const result = JSON.parse(stdout.trim().split("\n").at(-1)!) as TorchResult
   if (result.matmulGflops < 100) {
     console.error(
       `bench: torch's 1024² matmul reached only ${result.matmulGflops.toFixed(1)} GFLOP/s (< 100): ` +
@@ -164,7 +224,7 @@ export const runTorch = (
   return result
 }
 
-/** The torch peer's flags for this run's workload: the `--model` checkpoint's config.json, sizes, device. */
+/** The peer's flags for this run's workload: the `--model` checkpoint directory, sizes, device, and `extra`. */
 export const torchWorkload = (
   batch: number,
   tokens: number,
@@ -173,7 +233,7 @@ export const torchWorkload = (
 ): Array<string> => {
   const dir = arg("model", "")
   return [
-    ...(dir === "" ? [] : ["--config", path.resolve(dir, "config.json")]),
+    ...(dir === "" ? [] : ["--model", path.resolve(dir)]),
     "--batch",
     String(batch),
     "--tokens",
@@ -182,6 +242,28 @@ export const torchWorkload = (
     device,
     ...extra
   ]
+}
+
+/** The record's torch fields: its throughput and peak memory, or its failure; the ratios, null without both sides. */
+export const comparison = (effectRl: Throughput, torch: TorchResult | TorchFailure | undefined) => {
+  const ok = torch !== undefined && !failed(torch) ? torch : undefined
+  return {
+    torch:
+      torch === undefined
+        ? null
+        : ok === undefined
+          ? torch
+          : {
+              msPerStep: ok.msPerStep,
+              tokensPerSec: ok.tokensPerSec,
+              cpuMsPerStep: ok.cpuMsPerStep,
+              peakRssMb: Math.round(ok.peakRssMb)
+            },
+    ratio: ok === undefined ? null : effectRl.tokensPerSec / ok.tokensPerSec,
+    cpuRatio: ok === undefined ? null : ok.cpuMsPerStep / effectRl.cpuMsPerStep, // torch CPU ms / ours
+    torchThreads: ok?.threads ?? null,
+    torchMatmulGflops: ok?.matmulGflops ?? null
+  }
 }
 
 /**
@@ -200,10 +282,29 @@ export const report = (
   console.log(JSON.stringify(result))
 }
 
+const memoryAvailableMb = (): number | null => {
+  try {
+    const kb = /MemAvailable:\s+(\d+) kB/.exec(fs.readFileSync("/proc/meminfo", "utf8"))?.[1]
+    return kb === undefined ? null : Math.round(Number(kb) / 1024)
+  } catch {
+    return null
+  }
+}
+
+const round2 = (x: number): number => Number(x.toFixed(2))
+
+// taken when the bench starts (this module loads first): what else the machine was doing before we added our load
+const atStart = { loadAvg: os.loadavg().map(round2), memoryAvailableMb: memoryAvailableMb() }
+
+/** The machine and its load, the command line and the date, for the record. */
 export const environment = () => ({
+  command: ["node", path.relative(process.cwd(), process.argv[1] ?? ""), ...process.argv.slice(2)].join(" "),
   cpu: os.cpus()[0]?.model ?? "unknown",
   cores: os.availableParallelism(),
-  loadAvg1m: Number(os.loadavg()[0]!.toFixed(2)), // other processes on the cores make both sides slower
+  memoryTotalMb: Math.round(os.totalmem() / 2 ** 20),
+  loadAvg1m: round2(os.loadavg()[0]!), // other processes on the cores make both sides slower
+  loadAvg: os.loadavg().map(round2), // 1, 5, 15 minutes, at the end (the bench's own load included)
+  atStart, // load average and available memory before the bench did anything
   native: NativeKernels.status(),
   tfjsBackend: tf.getBackend(),
   node: process.version,

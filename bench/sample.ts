@@ -1,12 +1,17 @@
 /**
- * KV-cache sampling: batch 8, prompt 32, 96 new tokens, temperature 1 (Sampling.generate), on the perf model
- * (bench/harness.ts) or a HF checkpoint (`--model DIR`), effect-rl against PyTorch in the same run.
- * Last stdout line: {"bench":"sample","threads",…,"effectRl":{msPerStep,tokensPerSec},"torch":{…},"ratio"}
- * (msPerStep = one decode step = one token per row; ratio = effect-rl tokens/s / torch tokens/s); also written to
- * bench/results/sample.json (or `--out FILE`).
+ * KV-cache sampling, temperature 1 (Sampling.generate), effect-rl against PyTorch in the same run: batch 8, prompt 32,
+ * 96 new tokens on the perf model (bench/harness.ts), as the committed results did; batch 8, prompt 128, 128 new
+ * tokens on a HF checkpoint (`--model DIR`, loaded by both sides from the same safetensors, BF16 on disk → float32).
  *
- * Run: npm run bench -- sample [--backend wasm|webgpu|cpu] [--kernels native|stock] [--threads N] [--iters N]
- *        [--model DIR] [--batch B] [--prompt P] [--new N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
+ * Last stdout line: {"bench":"sample","threads",…,"effectRl":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb},
+ * "torch":{…, peakRssMb} or {"error"},"ratio",…} (msPerStep = one decode step = one token per row; ratio =
+ * effect-rl tokens/s / torch tokens/s; peakRssMb: each process's own peak resident memory, loading included); also
+ * written to bench/results/sample.json (or `--out FILE`), with the command line, date and machine load.
+ *
+ * Run: npm run bench -- sample [--model DIR] [--batch B] [--prompt P] [--new N]
+ *        [--backend wasm|native|cpu|webgpu|tensorflow|tensorflow-gpu] [--kernels native|stock] [--threads N]
+ *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
+ * (defaults: --iters 5, --warmup 1; on the perf model at least --min-iters 5 timed runs.)
  */
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
@@ -14,11 +19,13 @@ import * as Transformer from "../src/model/Transformer.ts"
 import * as Harness from "./harness.ts"
 
 export const run = async (): Promise<void> => {
-  const iters = Math.max(Number(Harness.arg("min-iters", "5")), Number(Harness.arg("iters", "5")))
+  const real = Harness.hasModel()
+  // at least 5 timed steps on the perf model, as its committed results had; a checkpoint's steps are long enough
+  const iters = Math.max(Number(Harness.arg("min-iters", real ? "1" : "5")), Number(Harness.arg("iters", "5")))
   const backend = await Harness.setUpBackend()
   const B = Number(Harness.arg("batch", "8"))
-  const prompt = Number(Harness.arg("prompt", "32"))
-  const newTokens = Number(Harness.arg("new", "96"))
+  const prompt = Number(Harness.arg("prompt", real ? "128" : "32"))
+  const newTokens = Number(Harness.arg("new", real ? "128" : "96"))
   const { model, name, loadSeconds } = await Harness.benchModel()
   const V = model.config.vocabSize
   const prng = Prng.make(1)
@@ -39,37 +46,36 @@ export const run = async (): Promise<void> => {
     Number(Harness.arg("warmup", "1"))
   )
   Transformer.dispose(model)
-  const effectRl: Harness.Throughput = {
+  const effectRl = {
     msPerStep: ms.wall / newTokens,
     tokensPerSec: (generated * 1000) / ms.wall,
-    cpuMsPerStep: ms.cpu / newTokens
+    cpuMsPerStep: ms.cpu / newTokens,
+    peakRssMb: Math.round(Harness.peakRssMb()) // before the peer starts
   }
   console.error(`effect-rl: ${JSON.stringify(effectRl)}`) // before the peer runs: kept if it fails
   const torchDevice = Harness.arg("torch-device", "cpu")
-  const torch = process.argv.includes("--no-torch")
+  const torch = Harness.has("no-torch")
     ? undefined
-    : Harness.runTorch(
+    : await Harness.runTorch(
         "sample.py",
         backend.threads,
         iters,
         Harness.torchWorkload(B, prompt, torchDevice, ["--new", String(newTokens)])
       )
+  const compared = Harness.comparison(effectRl, torch)
   Harness.report({
     bench: "sample",
     threads: backend.threads,
     effectRl,
-    torch:
-      torch === undefined
-        ? null
-        : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec, cpuMsPerStep: torch.cpuMsPerStep },
-    ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
-    cpuRatio: torch === undefined ? null : torch.cpuMsPerStep / effectRl.cpuMsPerStep, // torch CPU ms / ours
+    torch: compared.torch,
+    ratio: compared.ratio,
+    cpuRatio: compared.cpuRatio,
     backend: backend.backend,
     adapter: backend.adapter,
     kernels: backend.kernels,
-    torchThreads: torch?.threads ?? null,
+    torchThreads: compared.torchThreads,
     torchDevice: torch === undefined ? null : torchDevice,
-    torchMatmulGflops: torch?.matmulGflops ?? null,
+    torchMatmulGflops: compared.torchMatmulGflops,
     workload: { model: name, loadSeconds, batch: B, prompt, newTokens, generated, temperature: 1, iters },
     ...Harness.environment()
   })

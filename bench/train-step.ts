@@ -1,33 +1,54 @@
 /**
- * Train step: forward + backward + Adam on −mean token log-prob, batch 8 × 128 tokens, on the perf model
- * (bench/harness.ts) or a HF checkpoint (`--model DIR`), effect-rl against PyTorch in the same run.
- * Last stdout line: {"bench":"train-step","threads",…,"effectRl":{msPerStep,tokensPerSec},"torch":{…},"ratio"}
- * (ratio = effect-rl throughput / torch throughput); also written to bench/results/train-step.json (or `--out FILE`).
+ * Train step: forward + backward + Adam on −mean token log-prob, effect-rl against PyTorch in the same run. The perf
+ * model (bench/harness.ts) trains 8 sequences × 128 tokens, as the committed results did; a HF checkpoint
+ * (`--model DIR`, loaded by both sides from the same safetensors, BF16 on disk → float32) trains 2 × 512.
  *
- * Run: npm run bench -- train-step [--backend wasm|webgpu|cpu] [--kernels native|stock] [--threads N] [--iters N]
- *        [--model DIR] [--batch B] [--tokens T] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
+ * `--lora-rank R`: LoRA adapters of rank R (α = 2R, no dropout) on q,k,v,o,gate,up,down of every layer, the base
+ * frozen, Adam over the adapters alone (src/model/Lora.ts; the peer adds the same A/B matrices by hand).
+ * `--gradient-checkpointing`: the peer wraps each decoder layer in torch.utils.checkpoint; effect-rl's forward input
+ * gets `checkpoint: true` (Transformer.ForwardInput: each decoder layer recomputed in the backward pass).
+ *
+ * Last stdout line: {"bench":"train-step","threads",…,"effectRl":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb},
+ * "torch":{…, peakRssMb} or {"error"},"ratio",…} (ratio = effect-rl throughput / torch throughput; peakRssMb: each
+ * process's own peak resident memory, loading included); also written to bench/results/train-step.json (or
+ * `--out FILE`), with the command line, date and machine load.
+ *
+ * Run: npm run bench -- train-step [--model DIR] [--seqs N] [--tokens T] [--lora-rank R] [--gradient-checkpointing]
+ *        [--backend wasm|native|cpu|webgpu|tensorflow|tensorflow-gpu] [--kernels native|stock] [--threads N]
+ *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
+ * (`--batch B` is `--seqs`; defaults: --iters 5, --warmup 2; on the perf model at least --min-iters 5 timed steps.)
  */
 import * as tf from "@tensorflow/tfjs"
-import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
+import * as Lora from "../src/model/Lora.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as Harness from "./harness.ts"
 
+const loraTargets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
 export const run = async (): Promise<void> => {
-  const iters = Math.max(Number(Harness.arg("min-iters", "5")), Number(Harness.arg("iters", "5")))
+  const real = Harness.hasModel()
+  // at least 5 timed steps on the perf model, as its committed results had; a checkpoint's steps are long enough
+  const iters = Math.max(Number(Harness.arg("min-iters", real ? "1" : "5")), Number(Harness.arg("iters", "5")))
   const backend = await Harness.setUpBackend()
-  const B = Number(Harness.arg("batch", "8"))
-  const T = Number(Harness.arg("tokens", "128"))
+  const B = Number(Harness.arg("seqs", Harness.arg("batch", real ? "2" : "8")))
+  const T = Number(Harness.arg("tokens", real ? "512" : "128"))
+  const loraRank = Number(Harness.arg("lora-rank", "0"))
+  const checkpointing = Harness.has("gradient-checkpointing")
   const { model, name, loadSeconds } = await Harness.benchModel()
+  if (loraRank > 0) Lora.attach(model, { rank: loraRank, alpha: 2 * loraRank, dropout: 0, targetModules: loraTargets })
   const V = model.config.vocabSize
   const prng = Prng.make(1)
   const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * V)))
   const optimizer = backend.kernels === "native" ? NativeKernels.adam(1e-4) : tf.train.adam(1e-4)
   const variables = Transformer.trainableVariables(model)
+  const trainable = variables.reduce((n, v) => n + v.size, 0)
+  const input: Transformer.ForwardInput = { ids, checkpoint: checkpointing }
   const step = async () => {
     const loss = optimizer.minimize(
-      () => tf.neg(tf.mean(LogProbs.ofSequences(model, { ids }).logprobs)) as tf.Scalar,
+      () => tf.neg(tf.mean(LogProbs.ofSequences(model, input).logprobs)) as tf.Scalar,
       true,
       variables
     )!
@@ -38,38 +59,49 @@ export const run = async (): Promise<void> => {
   const tensorsLeft = tf.memory().numTensors
   optimizer.dispose()
   Transformer.dispose(model)
-  const effectRl: Harness.Throughput = {
+  const effectRl = {
     msPerStep: ms.wall,
     tokensPerSec: (B * T * 1000) / ms.wall,
-    cpuMsPerStep: ms.cpu
+    cpuMsPerStep: ms.cpu,
+    peakRssMb: Math.round(Harness.peakRssMb()) // before the peer starts
   }
   console.error(`effect-rl: ${JSON.stringify(effectRl)}`) // before the peer runs: kept if it fails
   const torchDevice = Harness.arg("torch-device", "cpu")
-  const torch = process.argv.includes("--no-torch")
+  const torch = Harness.has("no-torch")
     ? undefined
-    : Harness.runTorch("train_step.py", backend.threads, iters, Harness.torchWorkload(B, T, torchDevice))
+    : await Harness.runTorch(
+        "train_step.py",
+        backend.threads,
+        iters,
+        Harness.torchWorkload(B, T, torchDevice, [
+          ...(loraRank > 0 ? ["--lora-rank", String(loraRank)] : []),
+          ...(checkpointing ? ["--gradient-checkpointing"] : [])
+        ])
+      )
+  const compared = Harness.comparison(effectRl, torch)
   Harness.report({
     bench: "train-step",
     threads: backend.threads,
     effectRl,
-    torch:
-      torch === undefined
-        ? null
-        : { msPerStep: torch.msPerStep, tokensPerSec: torch.tokensPerSec, cpuMsPerStep: torch.cpuMsPerStep },
-    ratio: torch === undefined ? null : effectRl.tokensPerSec / torch.tokensPerSec,
-    cpuRatio: torch === undefined ? null : torch.cpuMsPerStep / effectRl.cpuMsPerStep, // torch CPU ms / ours
+    torch: compared.torch,
+    ratio: compared.ratio,
+    cpuRatio: compared.cpuRatio,
     backend: backend.backend,
     adapter: backend.adapter,
     kernels: backend.kernels,
-    torchThreads: torch?.threads ?? null,
+    torchThreads: compared.torchThreads,
     torchDevice: torch === undefined ? null : torchDevice,
-    torchMatmulGflops: torch?.matmulGflops ?? null,
+    torchMatmulGflops: compared.torchMatmulGflops,
     workload: {
       model: name,
       loadSeconds,
       batch: B,
       tokens: T,
       optimizer: "adam",
+      loraRank: loraRank > 0 ? loraRank : null,
+      gradientCheckpointing: checkpointing,
+      trainableParameters: trainable,
+      torchTrainableParameters: torch !== undefined && !Harness.failed(torch) ? (torch.trainable ?? null) : null,
       iters,
       tensorsAfterSteps: tensorsLeft
     },

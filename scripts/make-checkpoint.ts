@@ -3,7 +3,11 @@
  * publishes it and BF16 `model.safetensors` (sharded above 4 GiB, with `model.safetensors.index.json`), for checks
  * and benchmarks at real size. Weights: N(0, 0.02²) for matrices, ones for norms, zeros for biases (HF's init).
  *
- *   node scripts/make-checkpoint.ts --preset qwen3-0.6b --out models/qwen3-0.6b [--seed 0] [--layers N]
+ *   node scripts/make-checkpoint.ts --preset PRESET --out DIR [--seed 0] [--layers N]
+ *
+ * Presets: qwen3-0.6b, qwen3-1.7b, qwen3-4b (Qwen3ForCausalLM), qwen2.5-1.5b (Qwen2ForCausalLM: q/k/v biases, no
+ * q/k norm), llama-3.2-1b (LlamaForCausalLM: head_dim 64, llama3 RoPE scaling). The tensors' shapes do not depend on
+ * RoPE scaling, so a config whose scaling this effect-rl cannot load is still written, with a note on stderr.
  *
  * `--layers N` keeps the preset's shapes with N layers (a cut-down model for quick runs). The last stdout line is
  * `{"dir", "parameters", "bytes", "seconds"}`. Tensors are generated and written one at a time, so memory stays at
@@ -44,11 +48,76 @@ const qwen3 = (hidden: number, intermediate: number, layers: number, heads: numb
   vocab_size: 151936
 })
 
-/** config.json of each model as published on the Hugging Face hub (Qwen/Qwen3-*). */
+/** Qwen/Qwen2.5-1.5B. Qwen2 has q/k/v biases without saying so: there is no `attention_bias` key. */
+const qwen25_1_5b = {
+  architectures: ["Qwen2ForCausalLM"],
+  attention_dropout: 0.0,
+  bos_token_id: 151643,
+  eos_token_id: 151643,
+  hidden_act: "silu",
+  hidden_size: 1536,
+  initializer_range: 0.02,
+  intermediate_size: 8960,
+  max_position_embeddings: 32768,
+  max_window_layers: 28,
+  model_type: "qwen2",
+  num_attention_heads: 12,
+  num_hidden_layers: 28,
+  num_key_value_heads: 2,
+  rms_norm_eps: 1e-6,
+  rope_theta: 1000000,
+  sliding_window: 32768,
+  tie_word_embeddings: true,
+  torch_dtype: "bfloat16",
+  transformers_version: "4.40.1",
+  use_cache: true,
+  use_mrope: false,
+  use_sliding_window: false,
+  vocab_size: 151936
+}
+
+/** meta-llama/Llama-3.2-1B: head_dim 64, llama3 RoPE scaling (θ 500000, factor 32 from an 8192 context). */
+const llama32_1b = {
+  architectures: ["LlamaForCausalLM"],
+  attention_bias: false,
+  attention_dropout: 0.0,
+  bos_token_id: 128000,
+  eos_token_id: 128001,
+  head_dim: 64,
+  hidden_act: "silu",
+  hidden_size: 2048,
+  initializer_range: 0.02,
+  intermediate_size: 8192,
+  max_position_embeddings: 131072,
+  mlp_bias: false,
+  model_type: "llama",
+  num_attention_heads: 32,
+  num_hidden_layers: 16,
+  num_key_value_heads: 8,
+  pretraining_tp: 1,
+  rms_norm_eps: 1e-5,
+  rope_scaling: {
+    factor: 32.0,
+    high_freq_factor: 4.0,
+    low_freq_factor: 1.0,
+    original_max_position_embeddings: 8192,
+    rope_type: "llama3"
+  },
+  rope_theta: 500000,
+  tie_word_embeddings: true,
+  torch_dtype: "bfloat16",
+  transformers_version: "4.45.0.dev0",
+  use_cache: true,
+  vocab_size: 128256
+}
+
+/** config.json of each model as published on the Hugging Face hub. */
 export const presets: Record<string, Record<string, unknown>> = {
   "qwen3-0.6b": qwen3(1024, 3072, 28, 16),
   "qwen3-1.7b": qwen3(2048, 6144, 28, 16),
-  "qwen3-4b": { ...qwen3(2560, 9728, 36, 32), max_window_layers: 36 }
+  "qwen3-4b": { ...qwen3(2560, 9728, 36, 32), max_window_layers: 36 },
+  "qwen2.5-1.5b": qwen25_1_5b,
+  "llama-3.2-1b": llama32_1b
 }
 
 const arg = (name: string): string | undefined => {
@@ -83,9 +152,19 @@ export const make = (options: {
   const hf =
     options.layers === undefined
       ? base
-      : { ...base, num_hidden_layers: options.layers, max_window_layers: options.layers }
-  const config = ModelConfig.fromHf(hf)
-  const specs = Transformer.parameterSpecs(config)
+      : {
+          ...base,
+          num_hidden_layers: options.layers,
+          ...("max_window_layers" in base ? { max_window_layers: options.layers } : {})
+        }
+  // RoPE scaling changes no tensor's shape: the shapes come from the config without it, so a preset whose scaling
+  // effect-rl cannot load is still written
+  const specs = Transformer.parameterSpecs(ModelConfig.fromHf({ ...hf, rope_scaling: null }))
+  try {
+    ModelConfig.fromHf(hf)
+  } catch (error) {
+    process.stderr.write(`make-checkpoint: note: effect-rl cannot load this config yet: ${(error as Error).message}\n`)
+  }
   const std = (hf["initializer_range"] as number | undefined) ?? 0.02
   const prng = Prng.make(options.seed ?? 0)
   fs.mkdirSync(options.out, { recursive: true })
