@@ -8,11 +8,14 @@
  * effect-rl tokens/s / torch tokens/s; peakRssMb: each process's own peak resident memory, loading included); also
  * written to bench/results/sample.json (or `--out FILE`), with the command line, date and machine load.
  *
- * Run: npm run bench -- sample [--model DIR] [--batch B] [--prompt P] [--new N]
+ * `--weights bf16` (native backend): every projection weight stored as bfloat16 and read in place (Transformer.storeFrozen).
+ *
+ * Run: npm run bench -- sample [--model DIR] [--batch B] [--prompt P] [--new N] [--weights f32|bf16]
  *        [--backend wasm|native|cpu|webgpu|tensorflow|tensorflow-gpu] [--kernels native|stock] [--threads N]
  *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
  * (defaults: --iters 5, --warmup 1; on the perf model at least --min-iters 5 timed runs.)
  */
+import * as NativeBackend from "../src/backend/NativeBackend.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
@@ -27,6 +30,9 @@ export const run = async (): Promise<void> => {
   const prompt = Number(Harness.arg("prompt", real ? "128" : "32"))
   const newTokens = Number(Harness.arg("new", real ? "128" : "96"))
   const { model, name, loadSeconds } = await Harness.benchModel()
+  // `--weights bf16` (native backend): every projection weight stored as bfloat16, read in place (a lean view)
+  const weights = backend.backend === "native" ? Harness.arg("weights", "f32") : "f32"
+  if (weights === "bf16") Transformer.storeFrozen(model, NativeBackend.storeBf16, true)
   const V = model.config.vocabSize
   const prng = Prng.make(1)
   const prompts = Array.from({ length: B }, () => Array.from({ length: prompt }, () => Math.floor(prng.next() * V)))
@@ -76,7 +82,7 @@ export const run = async (): Promise<void> => {
     torchThreads: compared.torchThreads,
     torchDevice: torch === undefined ? null : torchDevice,
     torchMatmulGflops: compared.torchMatmulGflops,
-    workload: { model: name, loadSeconds, batch: B, prompt, newTokens, generated, temperature: 1, iters },
+    workload: { model: name, loadSeconds, weights, batch: B, prompt, newTokens, generated, temperature: 1, iters },
     ...Harness.environment()
   })
 }

@@ -5,6 +5,8 @@
  *
  * `--lora-rank R`: LoRA adapters of rank R (α = 2R, no dropout) on q,k,v,o,gate,up,down of every layer, the base
  * frozen, Adam over the adapters alone (src/model/Lora.ts; the peer adds the same A/B matrices by hand).
+ * `--base-dtype bf16|f32` (LoRA on the native backend; default bf16): the frozen base stored as bfloat16
+ * (Transformer.storeFrozen + NativeBackend.storeBf16; exact for a BF16 checkpoint), as the peer's float32 base is not.
  * `--gradient-checkpointing`: the peer wraps each decoder layer in torch.utils.checkpoint; effect-rl's forward input
  * gets `checkpoint: true` (Transformer.ForwardInput: each decoder layer recomputed in the backward pass).
  *
@@ -13,12 +15,14 @@
  * process's own peak resident memory, loading included); also written to bench/results/train-step.json (or
  * `--out FILE`), with the command line, date and machine load.
  *
- * Run: npm run bench -- train-step [--model DIR] [--seqs N] [--tokens T] [--lora-rank R] [--gradient-checkpointing]
+ * Run: npm run bench -- train-step [--model DIR] [--seqs N] [--tokens T] [--lora-rank R] [--base-dtype bf16|f32]
+ *        [--gradient-checkpointing]
  *        [--backend wasm|native|cpu|webgpu|tensorflow|tensorflow-gpu] [--kernels native|stock] [--threads N]
  *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
  * (`--batch B` is `--seqs`; defaults: --iters 5, --warmup 2; on the perf model at least --min-iters 5 timed steps.)
  */
 import * as tf from "@tensorflow/tfjs"
+import * as NativeBackend from "../src/backend/NativeBackend.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as Lora from "../src/model/Lora.ts"
 import * as Prng from "../src/model/Prng.ts"
@@ -39,6 +43,9 @@ export const run = async (): Promise<void> => {
   const checkpointing = Harness.has("gradient-checkpointing")
   const { model, name, loadSeconds } = await Harness.benchModel()
   if (loraRank > 0) Lora.attach(model, { rank: loraRank, alpha: 2 * loraRank, dropout: 0, targetModules: loraTargets })
+  // the frozen base as bfloat16 (native backend; exact for a BF16 checkpoint): `--base-dtype f32` keeps float32
+  const baseDtype = loraRank > 0 && backend.backend === "native" ? Harness.arg("base-dtype", "bf16") : "f32"
+  if (baseDtype === "bf16") Transformer.storeFrozen(model, NativeBackend.storeBf16)
   const V = model.config.vocabSize
   const prng = Prng.make(1)
   const ids = Array.from({ length: B }, () => Array.from({ length: T }, () => Math.floor(prng.next() * V)))
@@ -99,6 +106,7 @@ export const run = async (): Promise<void> => {
       tokens: T,
       optimizer: "adam",
       loraRank: loraRank > 0 ? loraRank : null,
+      baseDtype: loraRank > 0 ? baseDtype : null,
       gradientCheckpointing: checkpointing,
       trainableParameters: trainable,
       torchTrainableParameters: torch !== undefined && !Harness.failed(torch) ? (torch.trainable ?? null) : null,
