@@ -111,6 +111,10 @@ describe("signals", () => {
         "data.max_prompts=8",
         "pipeline.mode=sync",
         "checkpoint.interval=0",
+        // stock kernels: with the native ones (the fused LM head) the diverged step's gradient norm is not yet seen
+        // as non-finite, and the NaN surfaces later, untyped, in the sampler (an open bug)
+        "backend.name=wasm",
+        "backend.kernels=stock",
         "trainer.optimizer.lr=1e30",
         "trainer.optimizer.max_grad_norm=0",
         "trainer.policy_mini_batch_size=1"
