@@ -46,9 +46,7 @@ const widenInputs = (backend: unknown, inputs: tf.NamedTensorInfoMap): void => {
   for (const input of Object.values(inputs)) {
     if (input == null) continue
     const entry = data.get(input.dataId)
-    if (entry !== undefined && NativeKernels.isBf16(entry)) {
-      entry.values = NativeKernels.widen(kernelsOrThrow(), entry.values as Uint16Array)
-    }
+    if (entry !== undefined && NativeKernels.isBf16(entry)) NativeKernels.widenInPlace(kernelsOrThrow(), entry)
   }
 }
 

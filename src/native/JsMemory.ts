@@ -33,10 +33,6 @@ const arrayTypes: Partial<Record<tf.DataType, abstract new (...args: never) => A
   bool: Uint8Array
 }
 
-/**
- * The data of `dataId` as a typed array of its dtype's type, made one if the backend holds something else: a plain
- * array, or another typed array (the cpu backend's OneHot, for one, keeps an int32 tensor in a Float32Array).
- */
 /** A float32 tensor stored as bfloat16 bits (`storeBf16`). */
 export const isBf16 = (entry: { values?: unknown; dtype: tf.DataType }): boolean =>
   entry.dtype === "float32" && entry.values instanceof Uint16Array
@@ -55,15 +51,21 @@ export const narrow = (kernels: Abi.Kernels, values: Float32Array): Uint16Array 
   return out
 }
 
+/** A bfloat16-stored entry made float32 in place (for a kernel that reads float32 only); its new values. */
+export const widenInPlace = (kernels: Abi.Kernels, entry: { values?: unknown }): Float32Array => {
+  const widened = widen(kernels, entry.values as Uint16Array)
+  entry.values = widened
+  return widened
+}
+
+/**
+ * The data of `dataId` as a typed array of its dtype's type, made one if the backend holds something else: a plain
+ * array, or another typed array (the cpu backend's OneHot, for one, keeps an int32 tensor in a Float32Array).
+ */
 const valuesOf = (kernels: Abi.Kernels, backend: JsMemoryBackend, dataId: object): ArrayBufferView => {
   const entry = backend.data.get(dataId)
   if (entry === undefined) throw new Error("native backend: a kernel input was already disposed")
-  if (isBf16(entry)) {
-    // a kernel that reads float32 only: the tensor is float32 from now on
-    const widened = widen(kernels, entry.values as Uint16Array)
-    entry.values = widened
-    return widened
-  }
+  if (isBf16(entry)) return widenInPlace(kernels, entry)
   if (ArrayBuffer.isView(entry.values) && entry.values.constructor === arrayTypes[entry.dtype]) return entry.values
   if (entry.dtype === "string" || entry.dtype === "complex64") {
     throw new Error(`native backend: native kernels do not take ${entry.dtype} tensors`)

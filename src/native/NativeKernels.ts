@@ -25,7 +25,7 @@ import type { KernelArgs, OwnKernel } from "./WasmKernel.ts"
 export { adam, NativeAdam } from "./Adam.ts"
 export type { Status } from "./Addon.ts"
 export { stats, status } from "./Addon.ts"
-export { isBf16, narrow, widen } from "./JsMemory.ts"
+export { isBf16, narrow, widen, widenInPlace } from "./JsMemory.ts"
 
 /** The addon's functions (undefined when it is unavailable: `status()` says why). */
 export const addon = (): Abi.Kernels | undefined => Addon.load().kernels
