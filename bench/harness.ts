@@ -17,7 +17,7 @@ import * as path from "node:path"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
-import * as WebGpu from "../src/backend/WebGpu.ts"
+import type * as WebGpu from "../src/backend/WebGpu.ts"
 import * as BackendConfig from "../src/config/BackendConfig.ts"
 import * as Checkpoint from "../src/model/Checkpoint.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
@@ -53,12 +53,14 @@ export const perfConfig = ModelConfig.fromInit({
 export const perfModel = (): Transformer.Transformer => Transformer.init(perfConfig, 0)
 
 /** The model to bench: `--model DIR` (a HF checkpoint directory), else the perf model. */
-export const benchModel = async (): Promise<{ model: Transformer.Transformer; name: string; loadSeconds: number }> => {
+export const benchModel = async (
+  use: TensorBackend.ModelUse = "inference"
+): Promise<{ model: Transformer.Transformer; name: string; loadSeconds: number }> => {
   const dir = arg("model", "")
   if (dir === "") return { model: perfModel(), name: "perf", loadSeconds: 0 }
   const start = performance.now()
   const config = await Checkpoint.readConfig(dir)
-  WebGpu.checkModelFits(config)
+  TensorBackend.checkModelFits(config, use) // a backend that cannot hold it says so, before loading
   const { model } = await TensorFile.load(dir)
   // one tiny forward so the upload of the weights counts as loading, not as the first step
   const probe = tf.tidy(() => Transformer.forward(model, { ids: [[1, 2]] }))
@@ -73,7 +75,7 @@ export type BenchBackend = Exclude<BackendConfig.BackendName, "auto">
 const backendNames = BackendConfig.BackendName.literals.filter((n): n is BenchBackend => n !== "auto")
 
 /**
- * `--backend NAME` (default wasm) with native kernels (default) or stock ones (`--kernels stock`). `threads` is what
+ * `--backend NAME` (default wasm; with `--model`, native when the native kernels built) with native kernels (default) or stock ones (`--kernels stock`). `threads` is what
  * the backend computes with (cores with native kernels, 1 for stock wasm and cpu), and the most the PyTorch peer may
  * use.
  */
@@ -84,7 +86,8 @@ export const setUpBackend = async (): Promise<{
   registered: number
   adapter: WebGpu.Adapter | null
 }> => {
-  const backend = arg("backend", "wasm") as BenchBackend
+  const fallback = hasModel() && NativeKernels.status().available ? "native" : "wasm"
+  const backend = arg("backend", fallback) as BenchBackend
   if (!backendNames.includes(backend)) throw new Error(`--backend ${backend}: one of ${backendNames.join(", ")}`)
   const threads = Number(arg("threads", String(os.availableParallelism())))
   const kernels = arg("kernels", "native") === "stock" ? "stock" : "native"

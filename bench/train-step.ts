@@ -41,7 +41,7 @@ export const run = async (): Promise<void> => {
   const T = Number(Harness.arg("tokens", real ? "512" : "128"))
   const loraRank = Number(Harness.arg("lora-rank", "0"))
   const checkpointing = Harness.has("gradient-checkpointing")
-  const { model, name, loadSeconds } = await Harness.benchModel()
+  const { model, name, loadSeconds } = await Harness.benchModel(loraRank > 0 ? "lora-training" : "training")
   if (loraRank > 0) Lora.attach(model, { rank: loraRank, alpha: 2 * loraRank, dropout: 0, targetModules: loraTargets })
   // the frozen base as bfloat16 (native backend; exact for a BF16 checkpoint): `--base-dtype f32` keeps float32
   const baseDtype = loraRank > 0 && backend.backend === "native" ? Harness.arg("base-dtype", "bf16") : "f32"

@@ -10,7 +10,7 @@
 namespace effect_rl {
 
 // The table's hash (Abi.hash): info() reports it, and the loader refuses an addon built from another table.
-constexpr const char kAbiHash[] = "ba3e498750532ce4";
+constexpr const char kAbiHash[] = "fd65ae6a01ba9ecf";
 
 // matmul: out[b] = act(op(A[ia(b)]) · op(B[ib(b)]) + bias). ia(b) is aBatchIndex[b] when given (general batch
 // broadcasting), else b · aBatchStride; likewise ib. bias is a [N] row.
@@ -677,7 +677,7 @@ inline bool unpack(Args& args, HeadLogProbsArgs* in) {
 }
 
 // headLogProbsGrad: The gradient of headLogProbs from its out and lse: gz = gLogp·(onehot − p) − gH·p·(log p + H) per
-// row (dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, dw = hᵀ · gz in W's layout.
+// row (dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, and with trainW dw = hᵀ · gz in W's layout.
 struct HeadLogProbsGradArgs {
   Heap heap;  // the wasm heap; null: absolute addresses
   int64_t h;  // byte offset of float32 data; [N, D]
@@ -687,15 +687,16 @@ struct HeadLogProbsGradArgs {
   int64_t lse;  // byte offset of float32 data; the forward's [N]
   int64_t dy;  // byte offset of float32 data; [N, 2]
   int64_t dh;  // byte offset of float32 data; [N, D]
-  int64_t dw;  // byte offset of float32 data; W's shape
+  int64_t dw;  // byte offset of float32 data; W's shape; not read or written unless trainW
   int64_t n;  // N
   int64_t d;  // D
   int64_t v;  // V
   bool transposed;
+  bool trainW;  // whether to compute dw: false for a frozen head (a LoRA base's tied embedding)
 };
 napi_value HeadLogProbsGrad(Args& args, const HeadLogProbsGradArgs& in);
 inline bool unpack(Args& args, HeadLogProbsGradArgs* in) {
-  if (!args.expectCount(13, "headLogProbsGrad")) return false;
+  if (!args.expectCount(14, "headLogProbsGrad")) return false;
   in->heap = args.heap(0);
   in->h = args.i64(1);
   in->w = args.i64(2);
@@ -709,6 +710,7 @@ inline bool unpack(Args& args, HeadLogProbsGradArgs* in) {
   in->d = args.i64(10);
   in->v = args.i64(11);
   in->transposed = args.flag(12);
+  in->trainW = args.flag(13);
   return args.ok;
 }
 

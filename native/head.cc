@@ -177,7 +177,7 @@ napi_value HeadLogProbsGrad(Args& args, const HeadLogProbsGradArgs& in) {
   const Heap& heap = in.heap;
   int64_t N = in.n, D = in.d, V = in.v;
   if (N < 0 || D <= 0 || V <= 0 || D > INT32_MAX || V > INT32_MAX || !heap.contains(in.w, D * V) ||
-      !heap.contains(in.dw, D * V) ||
+      (in.trainW && !heap.contains(in.dw, D * V)) ||
       (N > 0 && (!heap.contains(in.h, N * D) || !heap.contains(in.targets, N) || !heap.contains(in.out, 2 * N) ||
                  !heap.contains(in.lse, N) || !heap.contains(in.dy, 2 * N) || !heap.contains(in.dh, N * D)))) {
     args.fail("headLogProbsGrad: tensor range outside the heap");
@@ -185,8 +185,9 @@ napi_value HeadLogProbsGrad(Args& args, const HeadLogProbsGradArgs& in) {
   }
   calls++;
   const Head head{heap.f32(in.w), D, V, in.transposed};
-  float* dW = heap.f32(in.dw);
+  float* dW = in.trainW ? heap.f32(in.dw) : nullptr;  // a frozen head: no dW, half the gradient's work
   if (N == 0) {
+    if (dW == nullptr) return undefinedValue(args.env);
     pool.parallelFor(D * V, 1 << 16, [&](int64_t i0, int64_t i1) { std::memset(dW + i0, 0, sizeof(float) * (i1 - i0)); });
     return undefinedValue(args.env);
   }
@@ -232,11 +233,11 @@ napi_value HeadLogProbsGrad(Args& args, const HeadLogProbsGradArgs& in) {
             // W = E [V, D]: dh += gz · E[block], dE[block] (+)= gzᵀ · h
             const float* e = head.W + v0 * D;
             gemmS(false, false, rows, (int)D, vb, 1.0f, gz, vb, e, (int)D, 1.0f, dh, (int)D);
-            gemmS(true, false, vb, (int)D, rows, 1.0f, gz, vb, h, (int)D, beta, dW + v0 * D, (int)D);
+            if (dW != nullptr) gemmS(true, false, vb, (int)D, rows, 1.0f, gz, vb, h, (int)D, beta, dW + v0 * D, (int)D);
           } else {
             // W [D, V]: dh += gz · W[:, block]ᵀ, dW[:, block] (+)= hᵀ · gz
             gemmS(false, true, rows, (int)D, vb, 1.0f, gz, vb, head.W + v0, (int)V, 1.0f, dh, (int)D);
-            gemmS(true, false, (int)D, vb, rows, 1.0f, h, (int)D, gz, vb, beta, dW + v0, (int)V);
+            if (dW != nullptr) gemmS(true, false, (int)D, vb, rows, 1.0f, h, (int)D, gz, vb, beta, dW + v0, (int)V);
           }
         }
       }

@@ -15,6 +15,7 @@ import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as NativeKernels from "../native/NativeKernels.ts"
+import * as Backprop from "./Backprop.ts"
 import * as MissingKernels from "./MissingKernels.ts"
 import * as NativeBackend from "./NativeBackend.ts"
 import * as WebGpu from "./WebGpu.ts"
@@ -101,6 +102,7 @@ let warnedNoBlas = false
 
 /** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
 export const initialise = Effect.fn("TensorBackend.initialise")(function* (config: BackendConfig) {
+  Backprop.install() // every backend: the backward pass frees each node's gradients and saved tensors once used
   const candidates = config.name === "auto" ? autoOrder : [config.name]
   const failures: Array<string> = []
   for (const name of candidates) {

@@ -243,7 +243,7 @@ export const headLogProbs = (
   h: tf.Tensor2D,
   w: tf.Tensor2D,
   targets: tf.Tensor1D,
-  options: { readonly transposed?: boolean } = {}
+  options: { readonly transposed?: boolean; readonly trainW?: boolean } = {}
 ): tf.Tensor2D => {
   const transposed = options.transposed ?? false
   if (!headAvailable()) return headLogProbsStock(h, w, targets, transposed)
@@ -253,20 +253,25 @@ export const headLogProbs = (
     lse!.dispose()
     return out as tf.Tensor2D
   }
-  const op = tf.customGrad(((hIn: tf.Tensor, wIn: tf.Tensor, save: tf.GradSaveFunc) => {
+  // a frozen head (LoRA's base) is no input of the op: its gradient, as large as the vocabulary, is never computed
+  const trainW = options.trainW ?? true
+  const op = tf.customGrad(((...args: Array<tf.Tensor | tf.GradSaveFunc>) => {
+    const hIn = args[0] as tf.Tensor
+    const wIn = trainW ? (args[1] as tf.Tensor) : w
+    const save = args[args.length - 1] as tf.GradSaveFunc
     const [out, lse] = run("EffectRlHeadLogProbs", { h: hIn, w: wIn, targets: y }, { transposed })
-    save([hIn, wIn, y, out!, lse!])
+    save([hIn, y, out!, lse!, wIn])
     return {
       value: out!,
       gradFunc: (dy: tf.Tensor, saved: Array<tf.Tensor>) =>
         run(
           "EffectRlHeadLogProbsGrad",
-          { h: saved[0]!, w: saved[1]!, targets: saved[2]!, out: saved[3]!, lse: saved[4]!, dy },
-          { transposed }
+          { h: saved[0]!, w: saved[4]!, targets: saved[1]!, out: saved[2]!, lse: saved[3]!, dy },
+          { transposed, trainW }
         )
     }
-  }) as AnyGradFunc) as unknown as (h: tf.Tensor, w: tf.Tensor) => tf.Tensor2D
-  return op(h, w)
+  }) as AnyGradFunc) as unknown as (...inputs: Array<tf.Tensor>) => tf.Tensor2D
+  return trainW ? op(h, w) : op(h)
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -140,6 +140,9 @@ export const fusedHead = (
   })
 
 /** The logp and H columns of a head's `[N, 2]` output. */
+/** Whether a gradient may flow into `w`: a frozen variable (LoRA's base) needs none; any other tensor may. */
+const trainable = (w: tf.Tensor): boolean => !(w instanceof tf.Variable) || w.trainable
+
 const columns = (both: tf.Tensor2D): { readonly logprobs: tf.Tensor1D; readonly entropy: tf.Tensor1D } => {
   const N = both.shape[0]
   return {
@@ -200,7 +203,10 @@ export const ofSequences = (
       N * V > (options.fusedAbove ?? (native ? 0 : 2 ** 24))
         ? native
           ? columns(
-              Fused.headLogProbs(scaled, view.head ?? view.embed, targets, { transposed: view.head === undefined })
+              Fused.headLogProbs(scaled, view.head ?? view.embed, targets, {
+                transposed: view.head === undefined,
+                trainW: trainable(view.head ?? view.embed)
+              })
             )
           : fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
         : fromLogits(Transformer.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]

@@ -244,23 +244,62 @@ export const linear: (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D = tf.custom
 ) as unknown as (x: tf.Tensor2D, w: tf.Tensor2D) => tf.Tensor2D
 
 /**
- * `x @ W` for a frozen W (a LoRA run's base weight): the gradient flows to x only, so the backward pass skips the
- * `xᵀ dy` product a trained W needs, the costliest matmul of a LoRA step. W may be stored as bfloat16 (native
- * backend: `Transformer.frozenWeights`); the native matmul widens it block by block.
+ * A LoRA projection in one op: `x @ W + s · (xLora @ A) @ B` for a frozen W (xLora is x, or x with the adapter's
+ * dropout). Composed from tfjs ops, each keeps its inputs for the backward pass (the sum both of its [N, out]
+ * operands, the scaling its [N, out] product): three [N, out] tensors per projection, most of a LoRA step's memory
+ * at real sizes. This keeps xLora and s · xLora @ A [N, r]:
+ * dx = dy Wᵀ + s (dy Bᵀ) Aᵀ, dA = s xLoraᵀ (dy Bᵀ), dB = (s xLora A)ᵀ dy.
  */
-export const linearFrozen = (x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D =>
-  tf.customGrad(
-    // biome-ignore lint/suspicious/noExplicitAny: tfjs' CustomGradientFunc types its inputs as Tensor[] spread
-    ((xIn: tf.Tensor2D, save: any) => {
-      save([])
-      return {
-        value: tf.matMul(xIn, w), // [N, out]
-        gradFunc: (dy: tf.Tensor2D) =>
-          Fused.nativeAvailable() ? [tf.matMul(dy, w, false, true)] : [tf.matMul(dy, tf.transpose(w))] // dx [N, in]
+export const loraLinear = (
+  x: tf.Tensor2D,
+  xLora: tf.Tensor2D,
+  w: tf.Tensor2D,
+  a: tf.Tensor2D,
+  b: tf.Tensor2D,
+  scale: number
+): tf.Tensor2D => {
+  const native = Fused.nativeAvailable()
+  const mmT = (p: tf.Tensor2D, q: tf.Tensor2D) =>
+    native ? tf.matMul(p, q, false, true) : tf.matMul(p, tf.transpose(q))
+  const Tmm = (p: tf.Tensor2D, q: tf.Tensor2D) =>
+    native ? tf.matMul(p, q, true, false) : tf.matMul(tf.transpose(p), q)
+  const dropped = xLora !== x
+  const op = tf.customGrad((...args: Array<tf.Tensor | tf.GradSaveFunc>) => {
+    const [xIn, xlIn, aIn, bIn] = (dropped ? args.slice(0, 4) : [args[0], ...args.slice(0, 3)]) as Array<tf.Tensor2D>
+    const save = args[args.length - 1] as tf.GradSaveFunc
+    const xas = tf.mul(tf.matMul(xlIn!, aIn!), scale) as tf.Tensor2D // s · xLora A [N, r]
+    save([xlIn!, xas, aIn!, bIn!])
+    return {
+      value: tf.add(tf.matMul(xIn!, w), tf.matMul(xas, bIn!)), // [N, out]
+      gradFunc: (dy: tf.Tensor, saved: Array<tf.Tensor>) => {
+        const [xl, xa, aS, bS] = saved as [tf.Tensor2D, tf.Tensor2D, tf.Tensor2D, tf.Tensor2D]
+        const g = dy as tf.Tensor2D
+        const gb = tf.mul(mmT(g, bS), scale) as tf.Tensor2D // s · dy Bᵀ [N, r]
+        const dA = Tmm(xl, gb) // [in, r]
+        const dB = Tmm(xa, g) // [r, out]
+        const dxBase = mmT(g, w) // [N, in]
+        const dxLora = mmT(gb, aS) // [N, in]
+        return dropped ? [dxBase, dxLora, dA, dB] : [tf.add(dxBase, dxLora), dA, dB]
       }
-      // biome-ignore lint/suspicious/noExplicitAny: see above
-    }) as any
-  )(x) as tf.Tensor2D
+    }
+  }) as unknown as (...inputs: Array<tf.Tensor>) => tf.Tensor2D
+  return dropped ? op(x, xLora, a, b) : op(x, a, b)
+}
+
+/**
+ * `a + b` keeping nothing for the backward pass (tfjs' Add keeps both operands, for broadcasting, which a residual
+ * sum of equal shapes does not need): the residual stream's adds.
+ */
+export const residualAdd = (a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D =>
+  (
+    tf.customGrad((...args: Array<tf.Tensor | tf.GradSaveFunc>) => {
+      ;(args[2] as tf.GradSaveFunc)([])
+      return {
+        value: tf.add(args[0] as tf.Tensor, args[1] as tf.Tensor),
+        gradFunc: (dy: tf.Tensor) => [dy, tf.clone(dy)] // two tensors: each input's gradient is its own
+      }
+    }) as unknown as (a: tf.Tensor, b: tf.Tensor) => tf.Tensor2D
+  )(a, b)
 
 /**
  * The weights a model only reads: the base projection weights that carry LoRA adapters (they are never trained), or
@@ -486,8 +525,16 @@ const project = (
   dropoutSeed: string | undefined,
   mm: MatMul2D = linear
 ): tf.Tensor2D => {
-  // with an adapter the base is frozen (only adapters train): no gradient for it
-  let y = p.adapter !== undefined && mm === linear ? linearFrozen(x, p.w) : mm(x, p.w) // [N, out]
+  if (p.adapter !== undefined && mm === linear) {
+    // a differentiable forward: one op, the frozen base taking no gradient
+    const xLora =
+      dropoutSeed !== undefined && p.adapter.dropout > 0
+        ? (tf.dropout(x, p.adapter.dropout, undefined, dropoutSeed) as tf.Tensor2D)
+        : x // [N, in]
+    const y = loraLinear(x, xLora, p.w, p.adapter.a as tf.Tensor2D, p.adapter.b as tf.Tensor2D, p.adapter.scale)
+    return p.b === undefined ? y : tf.add(y, p.b)
+  }
+  let y = mm(x, p.w) // [N, out]
   if (p.b !== undefined) y = tf.add(y, p.b)
   if (p.adapter !== undefined) {
     const xIn =
@@ -786,12 +833,12 @@ const decoderLayer = (
   const keys = past === undefined ? kNew : (tf.concat([Fused.validSlots(past.keys, P), kNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
   const values = past === undefined ? vNew : (tf.concat([Fused.validSlots(past.values, P), vNew], 1) as tf.Tensor4D) // [B, L, Hkv, hd]
   const attended = Fused.attention(q, keys, values, tables.maskBias, ctx.attentionScale) // [B·T, H·hd]
-  let out = tf.add(x, project(attended, layer.o, seed("o"), mm)) as tf.Tensor2D // [B·T, D]
+  let out = residualAdd(x, project(attended, layer.o, seed("o"), mm)) // [B·T, D]
   // --- MLP: down(silu(gate) · up)
   const h2 = Fused.rmsNorm(out, layer.postNorm, eps) as tf.Tensor2D // [B·T, D]
   const [gate, up] = projectAll(h2, layer.gateUp, [I, I], seed("gateUp"), mm) // [B·T, I] ×2
   const act = Fused.swiglu(gate!, up!) as tf.Tensor2D // [B·T, I]
-  out = tf.add(out, project(act, layer.down, seed("down"), mm)) as tf.Tensor2D // [B·T, D]
+  out = residualAdd(out, project(act, layer.down, seed("down"), mm)) // [B·T, D]
   return { x: out, keys, values }
 }
 

@@ -427,7 +427,7 @@ export const functions = {
   headLogProbsGrad: {
     doc:
       "The gradient of headLogProbs from its out and lse: gz = gLogp·(onehot − p) − gH·p·(log p + H) per row " +
-      "(dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, dw = hᵀ · gz in W's layout.",
+      "(dy [N, 2] = gLogp, gH), recomputing z per block; dh = gz · Wᵀ, and with trainW dw = hᵀ · gz in W's layout.",
     args: [
       heap,
       ["h", "f32Buffer", "[N, D]"],
@@ -437,11 +437,12 @@ export const functions = {
       ["lse", "f32Buffer", "the forward's [N]"],
       ["dy", "f32Buffer", "[N, 2]"],
       ["dh", "f32Buffer", "[N, D]"],
-      ["dw", "f32Buffer", "W's shape"],
+      ["dw", "f32Buffer", "W's shape; not read or written unless trainW"],
       ["n", "i64", "N"],
       ["d", "i64", "D"],
       ["v", "i64", "V"],
-      ["transposed", "bool"]
+      ["transposed", "bool"],
+      ["trainW", "bool", "whether to compute dw: false for a frozen head (a LoRA base's tied embedding)"]
     ],
     returns: "void"
   },

@@ -251,10 +251,10 @@ export const kernels: Readonly<Record<string, OwnKernel>> = {
       "h" | "w" | "targets" | "out" | "lse" | "dy",
       tf.TensorInfo
     >
-    const transposed = (attrs as { transposed: boolean }).transposed
+    const { transposed, trainW } = attrs as { transposed: boolean; trainW: boolean }
     const [N, D] = h.shape as [number, number]
     const dh = backend.makeOutput([N, D], "float32")
-    const dw = backend.makeOutput([...w.shape], "float32")
+    const dw = trainW ? backend.makeOutput([...w.shape], "float32") : undefined
     kernels.headLogProbsGrad({
       heap: backend.wasm.HEAPU8,
       h: offsetOf(backend, h),
@@ -264,13 +264,14 @@ export const kernels: Readonly<Record<string, OwnKernel>> = {
       lse: offsetOf(backend, lse),
       dy: offsetOf(backend, dy),
       dh: offsetOf(backend, dh),
-      dw: offsetOf(backend, dw),
+      dw: dw === undefined ? 0 : offsetOf(backend, dw),
       n: N,
       d: D,
       v: transposed ? w.shape[0]! : w.shape[1]!,
-      transposed
+      transposed,
+      trainW
     })
-    return [dh, dw]
+    return dw === undefined ? [dh] : [dh, dw]
   },
   // a [M, K] @ b [K, N] (rows of a RMS-normed first when normEps ≥ 0) + residual? [M, N]
   EffectRlLinear: (kernels, { inputs, backend, attrs }) => {

@@ -20,6 +20,13 @@ export interface JsMemoryBackend {
   makeTensorInfo(shape: Array<number>, dtype: tf.DataType, values?: tf.backend_util.BackendValues): tf.TensorInfo
   incRef(dataId: object): void
   disposeData(dataId: object): boolean
+  /** Put new values in a tensor's entry, letting the backend free the old ones (NativeBackend); else assigned. */
+  replaceValues?(entry: { values?: unknown }, values: ArrayBufferView): void
+}
+
+const replace = (backend: JsMemoryBackend, entry: { values?: unknown }, values: ArrayBufferView): void => {
+  if (backend.replaceValues !== undefined) backend.replaceValues(entry, values)
+  else entry.values = values
 }
 
 const addresses = new WeakMap<ArrayBufferView, number>()
@@ -52,9 +59,13 @@ export const narrow = (kernels: Abi.Kernels, values: Float32Array): Uint16Array 
 }
 
 /** A bfloat16-stored entry made float32 in place (for a kernel that reads float32 only); its new values. */
-export const widenInPlace = (kernels: Abi.Kernels, entry: { values?: unknown }): Float32Array => {
+export const widenInPlace = (
+  kernels: Abi.Kernels,
+  backend: JsMemoryBackend,
+  entry: { values?: unknown }
+): Float32Array => {
   const widened = widen(kernels, entry.values as Uint16Array)
-  entry.values = widened
+  replace(backend, entry, widened)
   return widened
 }
 
@@ -65,7 +76,7 @@ export const widenInPlace = (kernels: Abi.Kernels, entry: { values?: unknown }):
 const valuesOf = (kernels: Abi.Kernels, backend: JsMemoryBackend, dataId: object): ArrayBufferView => {
   const entry = backend.data.get(dataId)
   if (entry === undefined) throw new Error("native backend: a kernel input was already disposed")
-  if (isBf16(entry)) return widenInPlace(kernels, entry)
+  if (isBf16(entry)) return widenInPlace(kernels, backend, entry)
   if (ArrayBuffer.isView(entry.values) && entry.values.constructor === arrayTypes[entry.dtype]) return entry.values
   if (entry.dtype === "string" || entry.dtype === "complex64") {
     throw new Error(`native backend: native kernels do not take ${entry.dtype} tensors`)
@@ -74,7 +85,7 @@ const valuesOf = (kernels: Abi.Kernels, backend: JsMemoryBackend, dataId: object
     entry.values === undefined
       ? tf.util.getTypedArrayFromDType(entry.dtype as "float32", 0)
       : tf.util.toTypedArray(entry.values as ArrayLike<number>, entry.dtype)
-  entry.values = typed
+  replace(backend, entry, typed)
   return typed
 }
 

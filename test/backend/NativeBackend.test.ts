@@ -162,4 +162,31 @@ describe.skipIf(!available)("native backend", () => {
       assert.isAtMost(maxDiff(g, bf16.grads[i]!), 1e-4, `adapter gradient ${i}`)
     })
   })
+
+  it("frees a kernel's output when its last tensor goes, never a caller's array, a download, or a shared buffer", async () => {
+    const backend = tf.backend() as unknown as { data: { get(id: object): { values: Float32Array } } }
+    const valuesOf = (t: tf.Tensor) => backend.data.get(t.dataId).values
+    const given = new Float32Array([1, 2, 3, 4, 5, 6])
+    const x = tf.tensor2d(given, [2, 3])
+    const y = tf.mul(x, 2) // a kernel's output
+    const yValues = valuesOf(y)
+    const rows = tf.slice(y, [1, 0], [1, 3]) // the cpu Slice makes a view into y's buffer, a native one a copy
+    const shared = valuesOf(rows).buffer === yValues.buffer
+    y.dispose()
+    assert.strictEqual(yValues.length, shared ? 6 : 0, shared ? "a slice still views it" : "nothing views it")
+    assert.deepStrictEqual(Array.from(await rows.data()), [8, 10, 12])
+    const z = tf.add(x, 1)
+    const zValues = valuesOf(z)
+    tf.dispose([rows, z])
+    assert.strictEqual(zValues.length, 0, "no tensor holds it: freed at once")
+    assert.strictEqual(yValues.length, 0, "its last view gone: freed")
+    const w = tf.sub(x, 1)
+    const downloaded = w.dataSync()
+    w.dispose()
+    assert.deepStrictEqual(Array.from(downloaded), [0, 1, 2, 3, 4, 5], "a download stays the caller's")
+    const reshaped = tf.reshape(x, [3, 2]) // shares x's data
+    x.dispose()
+    reshaped.dispose()
+    assert.deepStrictEqual(Array.from(given), [1, 2, 3, 4, 5, 6], "a caller's array is never freed")
+  })
 })
