@@ -6,8 +6,8 @@
  * medians, peak memory, and the PyTorch peer (bench/torch/*.py, run with the system python3 in the same run, loading
  * the same safetensors; with `--torch-device cuda` on the GPU).
  *
- * Peak memory: ours is this process's maxRSS read before the peer starts (a child's memory never counts in it); the
- * peer reports its own ru_maxrss. When the kernel kills the peer (SIGKILL, most likely out of memory) the run goes on
+ * Peak memory: ours is this process's maxRSS (a child's memory never counts in it); the peer, which runs first so that
+ * the two never hold memory at once, reports its own ru_maxrss. When the kernel kills the peer (SIGKILL, most likely out of memory) the run goes on
  * and records `torch: {"error": "killed (out of memory?) at X MB"}`, X the peer's high-water mark as last sampled.
  */
 import { execFileSync, spawn, spawnSync } from "node:child_process"
@@ -54,14 +54,15 @@ export const perfModel = (): Transformer.Transformer => Transformer.init(perfCon
 
 /** The model to bench: `--model DIR` (a HF checkpoint directory), else the perf model. */
 export const benchModel = async (
-  use: TensorBackend.ModelUse = "inference"
+  use: TensorBackend.ModelUse = "inference",
+  store?: (name: string, variable: tf.Variable) => void
 ): Promise<{ model: Transformer.Transformer; name: string; loadSeconds: number }> => {
   const dir = arg("model", "")
   if (dir === "") return { model: perfModel(), name: "perf", loadSeconds: 0 }
   const start = performance.now()
   const config = await Checkpoint.readConfig(dir)
   TensorBackend.checkModelFits(config, use) // a backend that cannot hold it says so, before loading
-  const { model } = await TensorFile.load(dir)
+  const { model } = await TensorFile.load(dir, store === undefined ? {} : { store })
   // one tiny forward so the upload of the weights counts as loading, not as the first step
   const probe = tf.tidy(() => Transformer.forward(model, { ids: [[1, 2]] }))
   await probe.data()

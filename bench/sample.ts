@@ -29,9 +29,23 @@ export const run = async (): Promise<void> => {
   const B = Number(Harness.arg("batch", "8"))
   const prompt = Number(Harness.arg("prompt", real ? "128" : "32"))
   const newTokens = Number(Harness.arg("new", real ? "128" : "96"))
-  const { model, name, loadSeconds } = await Harness.benchModel()
-  // `--weights bf16` (native backend): every projection weight stored as bfloat16, read in place (a lean view)
+  const torchDevice = Harness.arg("torch-device", "cpu")
+  // the peer runs first, so that the two processes never hold their memory at once
+  const torch = Harness.has("no-torch")
+    ? undefined
+    : await Harness.runTorch(
+        "sample.py",
+        backend.threads,
+        iters,
+        Harness.torchWorkload(B, prompt, torchDevice, ["--new", String(newTokens)])
+      )
+  // `--weights bf16` (native backend): every projection weight stored as bfloat16 as it loads, read in place (a lean
+  // view)
   const weights = backend.backend === "native" ? Harness.arg("weights", "f32") : "f32"
+  const { model, name, loadSeconds } = await Harness.benchModel(
+    "inference",
+    weights === "bf16" ? (weight, v) => weight.endsWith("_proj.weight") && NativeBackend.storeBf16(v) : undefined
+  )
   if (weights === "bf16") Transformer.storeFrozen(model, NativeBackend.storeBf16, true)
   const V = model.config.vocabSize
   const prng = Prng.make(1)
@@ -56,18 +70,9 @@ export const run = async (): Promise<void> => {
     msPerStep: ms.wall / newTokens,
     tokensPerSec: (generated * 1000) / ms.wall,
     cpuMsPerStep: ms.cpu / newTokens,
-    peakRssMb: Math.round(Harness.peakRssMb()) // before the peer starts
+    peakRssMb: Math.round(Harness.peakRssMb())
   }
-  console.error(`effect-rl: ${JSON.stringify(effectRl)}`) // before the peer runs: kept if it fails
-  const torchDevice = Harness.arg("torch-device", "cpu")
-  const torch = Harness.has("no-torch")
-    ? undefined
-    : await Harness.runTorch(
-        "sample.py",
-        backend.threads,
-        iters,
-        Harness.torchWorkload(B, prompt, torchDevice, ["--new", String(newTokens)])
-      )
+  console.error(`effect-rl: ${JSON.stringify(effectRl)}`)
   const compared = Harness.comparison(effectRl, torch)
   Harness.report({
     bench: "sample",

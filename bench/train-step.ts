@@ -41,10 +41,28 @@ export const run = async (): Promise<void> => {
   const T = Number(Harness.arg("tokens", real ? "512" : "128"))
   const loraRank = Number(Harness.arg("lora-rank", "0"))
   const checkpointing = Harness.has("gradient-checkpointing")
-  const { model, name, loadSeconds } = await Harness.benchModel(loraRank > 0 ? "lora-training" : "training")
-  if (loraRank > 0) Lora.attach(model, { rank: loraRank, alpha: 2 * loraRank, dropout: 0, targetModules: loraTargets })
-  // the frozen base as bfloat16 (native backend; exact for a BF16 checkpoint): `--base-dtype f32` keeps float32
+  const torchDevice = Harness.arg("torch-device", "cpu")
+  // the peer runs first, so that the two processes never hold their memory at once
+  const torch = Harness.has("no-torch")
+    ? undefined
+    : await Harness.runTorch(
+        "train_step.py",
+        backend.threads,
+        iters,
+        Harness.torchWorkload(B, T, torchDevice, [
+          ...(loraRank > 0 ? ["--lora-rank", String(loraRank)] : []),
+          ...(checkpointing ? ["--gradient-checkpointing"] : [])
+        ])
+      )
+  // the frozen base as bfloat16 (native backend; exact for a BF16 checkpoint): `--base-dtype f32` keeps float32.
+  // Stored as each weight loads, so the whole base never exists in float32.
   const baseDtype = loraRank > 0 && backend.backend === "native" ? Harness.arg("base-dtype", "bf16") : "f32"
+  const frozen = (name: string) => loraTargets.some((m) => name.endsWith(`.${m}.weight`))
+  const { model, name, loadSeconds } = await Harness.benchModel(
+    loraRank > 0 ? "lora-training" : "training",
+    baseDtype === "bf16" ? (weight, v) => frozen(weight) && NativeBackend.storeBf16(v) : undefined
+  )
+  if (loraRank > 0) Lora.attach(model, { rank: loraRank, alpha: 2 * loraRank, dropout: 0, targetModules: loraTargets })
   if (baseDtype === "bf16") Transformer.storeFrozen(model, NativeBackend.storeBf16)
   const V = model.config.vocabSize
   const prng = Prng.make(1)
@@ -70,21 +88,9 @@ export const run = async (): Promise<void> => {
     msPerStep: ms.wall,
     tokensPerSec: (B * T * 1000) / ms.wall,
     cpuMsPerStep: ms.cpu,
-    peakRssMb: Math.round(Harness.peakRssMb()) // before the peer starts
+    peakRssMb: Math.round(Harness.peakRssMb())
   }
-  console.error(`effect-rl: ${JSON.stringify(effectRl)}`) // before the peer runs: kept if it fails
-  const torchDevice = Harness.arg("torch-device", "cpu")
-  const torch = Harness.has("no-torch")
-    ? undefined
-    : await Harness.runTorch(
-        "train_step.py",
-        backend.threads,
-        iters,
-        Harness.torchWorkload(B, T, torchDevice, [
-          ...(loraRank > 0 ? ["--lora-rank", String(loraRank)] : []),
-          ...(checkpointing ? ["--gradient-checkpointing"] : [])
-        ])
-      )
+  console.error(`effect-rl: ${JSON.stringify(effectRl)}`)
   const compared = Harness.comparison(effectRl, torch)
   Harness.report({
     bench: "train-step",

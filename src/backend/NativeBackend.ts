@@ -151,12 +151,13 @@ const widenInputs = (backend: unknown, inputs: tf.NamedTensorInfoMap): void => {
  * Store a float32 tensor of the native backend as bfloat16 (rounded to nearest even): half the memory, read by the
  * matmul as it is (frozen weights: `Transformer.frozenWeights`). Exact for weights loaded from a BF16 checkpoint.
  * Any kernel but the matmul's weight operand widens it back to float32 first, so only store what only matmuls read.
- * No-op on other backends. Returns the bytes saved.
+ * No-op on other backends. Returns the bytes saved against float32 (also when it was stored so already).
  */
 export const storeBf16 = (tensor: tf.Tensor): number => {
   if (tf.getBackend() !== name || tensor.dtype !== "float32") return 0
   const backend = tf.backend() as unknown as NativeMemoryBackend
   const entry = (backend.data as unknown as Data).get(tensor.dataId)
+  if (entry !== undefined && NativeKernels.isBf16(entry)) return tensor.size * 2 // stored already
   if (entry === undefined || !(entry.values instanceof Float32Array)) return 0
   backend.replaceValues(entry, NativeKernels.narrow(kernelsOrThrow(), entry.values))
   return tensor.size * 2

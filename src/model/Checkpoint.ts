@@ -7,6 +7,7 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
+import type * as tf from "@tensorflow/tfjs"
 import * as ModelConfig from "./ModelConfig.ts"
 import * as Safetensors from "./Safetensors.ts"
 import * as Transformer from "./Transformer.ts"
@@ -163,50 +164,43 @@ export interface Loaded {
 export interface LoadOptions {
   /** How each tensor is read (default `jsReader`; the native addon's is faster: src/native/TensorFile.ts). */
   readonly reader?: TensorReader
+  /**
+   * Called with each weight as soon as it is loaded, before the next is read: a frozen weight can be stored compactly
+   * there (`NativeBackend.storeBf16`), so that the float32 copy of the whole model never exists.
+   */
+  readonly store?: (name: string, variable: tf.Variable) => void
 }
 
 /**
  * Load a HF directory into a new Transformer (weights converted to float32). Streams: each tensor is read from disk
- * straight into the array the model keeps (linear weights transposed on the way), so memory holds the model and one
- * read block, never the file's bytes beside it.
+ * straight into the array the model keeps (linear weights transposed on the way), one tensor at a time, so memory
+ * holds the model and one read block, never the file's bytes beside it.
  */
 export const load = async (dir: string, options: LoadOptions = {}): Promise<Loaded> => {
   const config = await readConfig(dir)
   const located = await readEntries(dir)
   const reader = options.reader ?? jsReader
-  const arrays = new Map<string, { readonly shape: ReadonlyArray<number>; readonly data: Float32Array }>()
-  for (const spec of Transformer.parameterSpecs(config)) {
-    const at = located.get(spec.name)
-    if (at === undefined) continue // fromHfArrays names what is missing
+  const read = async (name: string): Promise<Transformer.HfArray | undefined> => {
+    const at = located.get(name)
+    if (at === undefined) return undefined // fromHfArraysStreaming names what is missing
     const { shape } = at.entry
+    const spec = Transformer.parameterSpecs(config).find((s) => s.name === name)!
     const fits = shape.length === spec.hfShape.length && shape.every((d, i) => d === spec.hfShape[i])
-    if (!fits) continue // and what has the wrong shape
+    if (!fits) return { shape, data: new Float32Array(0) } // and what has the wrong shape
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1))
     try {
       await reader(at, data, spec.transposed)
     } catch (cause) {
       if (cause instanceof CheckpointLoadError) throw cause
-      throw new CheckpointLoadError(at.file, `tensor ${spec.name}: ${(cause as Error).message}`)
+      throw new CheckpointLoadError(at.file, `tensor ${name}: ${(cause as Error).message}`)
     }
-    arrays.set(spec.name, { shape, data })
+    return { shape, data }
   }
-  const shapeOf = (name: string) => located.get(name)?.entry.shape
   try {
-    const model = Transformer.fromHfArrays(
-      config,
-      (name) => {
-        const read = arrays.get(name)
-        if (read !== undefined) {
-          arrays.delete(name) // the model holds it now (or a copy on the wasm heap): let ours go
-          return read
-        }
-        const shape = shapeOf(name)
-        return shape === undefined ? undefined : { shape, data: new Float32Array(0) }
-      },
-      "held"
-    )
+    const model = await Transformer.fromHfArraysStreaming(config, read, options.store)
     return { model, dtype: located.get("model.embed_tokens.weight")!.entry.dtype }
   } catch (cause) {
+    if (cause instanceof CheckpointLoadError) throw cause
     throw new CheckpointLoadError(dir, (cause as Error).message)
   }
 }

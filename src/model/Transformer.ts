@@ -128,21 +128,51 @@ const nextModelId = (): number => {
  */
 export const fromHfArrays = (
   config: TransformerConfig,
-  get: (name: string) => { readonly shape: ReadonlyArray<number>; readonly data: Float32Array } | undefined,
+  get: (name: string) => HfArray | undefined,
   layout: "hf" | "held" = "hf"
 ): Transformer => {
   const id = nextModelId()
   const params = new Map<string, tf.Variable>()
   try {
+    for (const spec of parameterSpecs(config)) params.set(spec.name, makeVariable(id, spec, checked(spec, get(spec.name)), layout))
+  } catch (e) {
+    for (const v of params.values()) v.dispose()
+    throw e
+  }
+  return { config, params, adapters: new Map(), id }
+}
+
+/** A tensor as a HF checkpoint names and shapes it. */
+export interface HfArray {
+  readonly shape: ReadonlyArray<number>
+  readonly data: Float32Array
+}
+
+const checked = (spec: ParameterSpec, found: HfArray | undefined): Float32Array => {
+  if (found === undefined) throw new Error(`missing tensor ${spec.name}`)
+  if (found.shape.length !== spec.hfShape.length || found.shape.some((d, i) => d !== spec.hfShape[i])) {
+    throw new Error(`tensor ${spec.name} has shape [${found.shape.join(", ")}], expected [${spec.hfShape.join(", ")}]`)
+  }
+  return found.data
+}
+
+/**
+ * `fromHfArrays` (layout "held") reading one tensor at a time: each is read, made a variable and handed to `store`
+ * (which may keep it more compactly: NativeBackend.storeBf16) before the next is read, so loading never holds the
+ * whole model in float32 when the model will not.
+ */
+export const fromHfArraysStreaming = async (
+  config: TransformerConfig,
+  read: (name: string) => Promise<HfArray | undefined>,
+  store?: (name: string, variable: tf.Variable) => void
+): Promise<Transformer> => {
+  const id = nextModelId()
+  const params = new Map<string, tf.Variable>()
+  try {
     for (const spec of parameterSpecs(config)) {
-      const found = get(spec.name)
-      if (found === undefined) throw new Error(`missing tensor ${spec.name}`)
-      if (found.shape.length !== spec.hfShape.length || found.shape.some((d, i) => d !== spec.hfShape[i])) {
-        throw new Error(
-          `tensor ${spec.name} has shape [${found.shape.join(", ")}], expected [${spec.hfShape.join(", ")}]`
-        )
-      }
-      params.set(spec.name, makeVariable(id, spec, found.data, layout))
+      const variable = makeVariable(id, spec, checked(spec, await read(spec.name)), "held")
+      params.set(spec.name, variable)
+      store?.(spec.name, variable)
     }
   } catch (e) {
     for (const v of params.values()) v.dispose()

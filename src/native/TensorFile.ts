@@ -22,7 +22,7 @@ export const reader = (): Checkpoint.TensorReader | undefined => {
 }
 
 /** `Checkpoint.load` with the native reader when there is one. */
-export const load = (dir: string): Promise<Checkpoint.Loaded> => {
+export const load = (dir: string, options: Pick<Checkpoint.LoadOptions, "store"> = {}): Promise<Checkpoint.Loaded> => {
   const native = reader()
-  return Checkpoint.load(dir, native === undefined ? {} : { reader: native })
+  return Checkpoint.load(dir, native === undefined ? options : { ...options, reader: native })
 }
