@@ -786,7 +786,9 @@ export const step = (model: Transformer, view: WeightView, input: StepInput): St
       x = checkpointedLayer(layer, x, ctx, seed) // [B·T, D]
       return
     }
-    const out = decoderLayer(layer, x, input.past?.[l], ctx, seed)
+    // a layer's temporaries go with it (the tape keeps what the backward pass reads): a prefill holds one layer's
+    // activations at a time, not all of them
+    const out = tf.tidy(() => decoderLayer(layer, x, input.past?.[l], ctx, seed))
     cache.push({ keys: out.keys, values: out.values })
     x = out.x // [B·T, D]
   })
