@@ -134,7 +134,8 @@ export const fromHfArrays = (
   const id = nextModelId()
   const params = new Map<string, tf.Variable>()
   try {
-    for (const spec of parameterSpecs(config)) params.set(spec.name, makeVariable(id, spec, checked(spec, get(spec.name)), layout))
+    for (const spec of parameterSpecs(config))
+      params.set(spec.name, makeVariable(id, spec, checked(spec, get(spec.name)), layout))
   } catch (e) {
     for (const v of params.values()) v.dispose()
     throw e
