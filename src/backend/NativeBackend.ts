@@ -33,7 +33,7 @@ type Holders = { count: number; freeable: boolean }
 class NativeMemoryBackend extends MathBackendCPU {
   private readonly holders = new WeakMap<ArrayBufferLike, Holders>()
   private writingKernelOutput = false
-  /** Bytes of the buffers tensors hold now, and the most since `resetPeak`. */
+  /** Bytes of the buffers tensors hold now, and the most since `memory(true)` last reset it. */
   liveBytes = 0
   peakBytes = 0
 

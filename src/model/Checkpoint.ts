@@ -180,11 +180,10 @@ export const load = async (dir: string, options: LoadOptions = {}): Promise<Load
   const config = await readConfig(dir)
   const located = await readEntries(dir)
   const reader = options.reader ?? jsReader
-  const read = async (name: string): Promise<Transformer.HfArray | undefined> => {
-    const at = located.get(name)
+  const read = async (spec: Transformer.ParameterSpec): Promise<Transformer.HfArray | undefined> => {
+    const at = located.get(spec.name)
     if (at === undefined) return undefined // fromHfArraysStreaming names what is missing
     const { shape } = at.entry
-    const spec = Transformer.parameterSpecs(config).find((s) => s.name === name)!
     const fits = shape.length === spec.hfShape.length && shape.every((d, i) => d === spec.hfShape[i])
     if (!fits) return { shape, data: new Float32Array(0) } // and what has the wrong shape
     const data = new Float32Array(shape.reduce((a, b) => a * b, 1))
@@ -192,7 +191,7 @@ export const load = async (dir: string, options: LoadOptions = {}): Promise<Load
       await reader(at, data, spec.transposed)
     } catch (cause) {
       if (cause instanceof CheckpointLoadError) throw cause
-      throw new CheckpointLoadError(at.file, `tensor ${name}: ${(cause as Error).message}`)
+      throw new CheckpointLoadError(at.file, `tensor ${spec.name}: ${(cause as Error).message}`)
     }
     return { shape, data }
   }

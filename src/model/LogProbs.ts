@@ -139,10 +139,10 @@ export const fusedHead = (
     }
   })
 
-/** The logp and H columns of a head's `[N, 2]` output. */
 /** Whether a gradient may flow into `w`: a frozen variable (LoRA's base) needs none; any other tensor may. */
 const trainable = (w: tf.Tensor): boolean => !(w instanceof tf.Variable) || w.trainable
 
+/** The logp and H columns of a head's `[N, 2]` output. */
 const columns = (both: tf.Tensor2D): { readonly logprobs: tf.Tensor1D; readonly entropy: tf.Tensor1D } => {
   const N = both.shape[0]
   return {

@@ -164,14 +164,14 @@ const checked = (spec: ParameterSpec, found: HfArray | undefined): Float32Array 
  */
 export const fromHfArraysStreaming = async (
   config: TransformerConfig,
-  read: (name: string) => Promise<HfArray | undefined>,
+  read: (spec: ParameterSpec) => Promise<HfArray | undefined>,
   store?: (name: string, variable: tf.Variable) => void
 ): Promise<Transformer> => {
   const id = nextModelId()
   const params = new Map<string, tf.Variable>()
   try {
     for (const spec of parameterSpecs(config)) {
-      const variable = makeVariable(id, spec, checked(spec, await read(spec.name)), "held")
+      const variable = makeVariable(id, spec, checked(spec, await read(spec)), "held")
       params.set(spec.name, variable)
       store?.(spec.name, variable)
     }
@@ -556,25 +556,17 @@ const project = (
   dropoutSeed: string | undefined,
   mm: MatMul2D = linear
 ): tf.Tensor2D => {
-  if (p.adapter !== undefined && mm === linear) {
-    // a differentiable forward: one op, the frozen base taking no gradient
-    const xLora =
-      dropoutSeed !== undefined && p.adapter.dropout > 0
-        ? (tf.dropout(x, p.adapter.dropout, undefined, dropoutSeed) as tf.Tensor2D)
-        : x // [N, in]
-    const y = loraLinear(x, xLora, p.w, p.adapter.a as tf.Tensor2D, p.adapter.b as tf.Tensor2D, p.adapter.scale)
-    return p.b === undefined ? y : tf.add(y, p.b)
-  }
-  let y = mm(x, p.w) // [N, out]
-  if (p.b !== undefined) y = tf.add(y, p.b)
-  if (p.adapter !== undefined) {
-    const xIn =
-      dropoutSeed !== undefined && p.adapter.dropout > 0
-        ? (tf.dropout(x, p.adapter.dropout, undefined, dropoutSeed) as tf.Tensor2D)
-        : x // [N, in]
-    y = tf.add(y, tf.mul(mm(mm(xIn, p.adapter.a as tf.Tensor2D), p.adapter.b as tf.Tensor2D), p.adapter.scale))
-  }
-  return y
+  const adapter = p.adapter
+  const withBias = (y: tf.Tensor2D) => (p.b === undefined ? y : (tf.add(y, p.b) as tf.Tensor2D)) // [N, out]
+  if (adapter === undefined) return withBias(mm(x, p.w))
+  const xLora =
+    dropoutSeed !== undefined && adapter.dropout > 0
+      ? (tf.dropout(x, adapter.dropout, undefined, dropoutSeed) as tf.Tensor2D)
+      : x // [N, in]
+  const [a, b] = [adapter.a as tf.Tensor2D, adapter.b as tf.Tensor2D]
+  // a differentiable forward: one op, the frozen base taking no gradient
+  if (mm === linear) return withBias(loraLinear(x, xLora, p.w, a, b, adapter.scale))
+  return tf.add(withBias(mm(x, p.w)), tf.mul(mm(mm(xLora, a), b), adapter.scale)) as tf.Tensor2D
 }
 
 /** Apply each projection and split a fused one into `sizes`. Projection i's dropout seed is `<dropoutSeed>/<i>`. */
