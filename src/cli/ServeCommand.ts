@@ -1,9 +1,12 @@
 /**
  * `serve --model DIR [--host 127.0.0.1] [--port 8000] [--token-env EFFECT_RL_SERVE_TOKEN] [--watch DIR]
- * [--max-model-len N] [--max-request-bytes B] [--max-n N]`: an OpenAI-compatible inference server over a HF checkpoint
- * directory (composed in layers/Serve.ts: a LocalEngine inside; routes, wire shapes and request limits in
- * inference/OpenAiServer.ts). `POST /v1/weights` takes new weights from a trainer (sync/HttpWeightSync.ts) and is open only when the environment
- * variable named by `--token-env` holds a token; `--watch DIR` also loads the versions a FileWeightSync writes there.
+ * [--max-model-len N] [--max-request-bytes B] [--max-n N] [--enable-lora [--max-loras N]]`: an OpenAI-compatible
+ * inference server over a HF checkpoint directory (composed in layers/Serve.ts: a LocalEngine inside; routes, wire
+ * shapes and request limits in inference/OpenAiServer.ts). `POST /v1/weights` takes new weights from a trainer
+ * (sync/HttpWeightSync.ts) and is open only when the environment variable named by `--token-env` holds a token;
+ * `--watch DIR` also loads the versions a FileWeightSync writes there. `--enable-lora` (or vLLM's
+ * `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in the environment) opens vLLM's `/v1/load_lora_adapter` and
+ * `/v1/unload_lora_adapter`.
  * Binds 127.0.0.1 unless told otherwise. The last stdout line, once listening, is
  * `{"event":"listening","url":"http://HOST:PORT"}`; it runs until SIGINT/SIGTERM.
  */
@@ -40,12 +43,35 @@ export const command = Command.make(
       Flag.withDefault(OpenAiServer.defaultMaxN),
       Flag.withDescription("the most choices per prompt (n) a request may ask for")
     ),
+    enableLora: Flag.Boolean("enable-lora").pipe(
+      Flag.withDefault(false),
+      Flag.withDescription(
+        "open POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+      )
+    ),
+    maxLoras: Flag.Int("max-loras").pipe(
+      Flag.optional,
+      Flag.withDescription("the most LoRA adapters held at once; further loads are refused (default: no limit)")
+    ),
     backend: Flag.Literals("backend", ["auto", "native", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
       Flag.withDefault("wasm"),
       Flag.withDescription("tfjs backend")
     )
   },
-  ({ model, host, port, tokenEnv, watch, maxBatch, maxModelLen, maxRequestBytes, maxN, backend }) =>
+  ({
+    model,
+    host,
+    port,
+    tokenEnv,
+    watch,
+    maxBatch,
+    maxModelLen,
+    maxRequestBytes,
+    maxN,
+    enableLora,
+    maxLoras,
+    backend
+  }) =>
     Effect.scoped(
       Effect.gen(function* () {
         yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" })
@@ -53,6 +79,9 @@ export const command = Command.make(
         if (Option.isNone(token)) {
           yield* Console.error(`${tokenEnv} is not set: POST /v1/weights is disabled`)
         }
+        // vLLM reads the variable as "1" or "true", any case
+        const runtimeLora = yield* Config.option(Config.String("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+        const loraFromEnv = Option.isSome(runtimeLora) && ["1", "true"].includes(runtimeLora.value.trim().toLowerCase())
         const url = yield* Serve.start({
           model,
           host,
@@ -60,6 +89,8 @@ export const command = Command.make(
           token: Option.isSome(token) ? Redacted.value(token.value) : undefined,
           maxBatch,
           maxN,
+          enableLora: enableLora || loraFromEnv,
+          ...(Option.isSome(maxLoras) ? { maxLoras: maxLoras.value } : {}),
           ...(Option.isSome(watch) ? { watch: watch.value } : {}),
           ...(Option.isSome(maxModelLen) ? { maxModelLen: maxModelLen.value } : {}),
           ...(Option.isSome(maxRequestBytes) ? { maxRequestBytes: maxRequestBytes.value } : {})
@@ -68,4 +99,8 @@ export const command = Command.make(
         return yield* Effect.never
       })
     )
-).pipe(Command.withDescription("Serve a checkpoint over an OpenAI-compatible HTTP API (completions, chat, weights)"))
+).pipe(
+  Command.withDescription(
+    "Serve a checkpoint over an OpenAI-compatible HTTP API (completions, chat, weights, LoRA adapters)"
+  )
+)

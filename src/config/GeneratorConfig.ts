@@ -16,6 +16,10 @@ export const EngineConfig = Schema.Struct({
   model_name: Schema.optionalKey(Schema.String),
   api_key: Schema.optionalKey(SecretRef),
   weight_token: Schema.optionalKey(SecretRef), // remote: the env var holding `serve`'s /v1/weights token (http sync)
+  // remote with LoRA and http sync: adapters are written here (default RUN_DIR/adapters; the server must read the
+  // same path) and loaded through the server's runtime LoRA API as `<lora_name_prefix>-v<version>`
+  lora_dir: Schema.optionalKey(Schema.NonEmptyString),
+  lora_name_prefix: Schema.NonEmptyString.pipe(withDefault("policy")),
   max_batch_size: PositiveInt.pipe(withDefault(16))
 })
 export type EngineConfig = typeof EngineConfig.Type

@@ -12,11 +12,39 @@
  *   text (env/ToolCallParser.ts, `auto`): a reply with calls has `message.tool_calls` and `finish_reason:
  *   "tool_calls"`, as vLLM's tool parsers give.
  *   `prompt_logprobs: k` adds vLLM's per-prompt-token entries (the prompt token only, `rank` null).
- * - `GET /v1/models`, `GET /health` (`{status, policy_version}`).
+ * - `GET /v1/models` (the base, then each LoRA adapter), `GET /health` (`{status, policy_version}`).
+ * - `model`: absent or the served name samples the base; a loaded LoRA adapter's name samples with it (and the
+ *   response's `model` names it); any other name is vLLM's 404 (`The model \`x\` does not exist.`, param `model`).
  * - `POST /v1/weights`: a new WeightSnapshot as safetensors bytes, in one or more chunks (sync/HttpWeightSync.ts
  *   has the protocol), authenticated with `Authorization: Bearer <token>`. The last chunk applies the weights; the
  *   engine swaps them between two decode steps, so requests in flight continue on them. Without a token configured
  *   the endpoint answers 403: weights can never be replaced anonymously.
+ *
+ * - LoRA adapters at run time (`adapters`, inference/AdapterRegistry.ts), as vLLM serves them with `--enable-lora` and
+ *   `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`; without `adapters` both routes answer FastAPI's 404 `{"detail": "Not
+ *   Found"}`, as vLLM's do when they are not attached.
+ *   `POST /v1/load_lora_adapter {lora_name, lora_path, load_inplace?}` reads the PEFT directory at `lora_path` (as the
+ *   server sees it) and answers 200 with the plain text `Success: LoRA adapter '<name>' added successfully.`;
+ *   `POST /v1/unload_lora_adapter {lora_name}` (`lora_int_id` is ignored) answers `Success: LoRA adapter '<name>'
+ *   removed successfully.`. Refusals, in vLLM's error body: a name or path missing, 400 `InvalidUserInput` ("Both
+ *   'lora_name' and 'lora_path' must be provided." / "'lora_name' needs to be provided to unload a LoRA adapter.");
+ *   a name loaded already without `load_inplace: true`, 400 `InvalidUserInput`; unloading a name not loaded, 404
+ *   `NotFoundError` ("The lora adapter '<name>' cannot be found."); a path with no adapter_config.json, 404
+ *   `NotFoundError` ("Loading lora <name> failed: No adapter found for <path>"); an adapter that cannot be read or
+ *   does not fit the base (rank, shapes, modules), 400 `BadRequestError` naming the file (vLLM up to 0.10 answered
+ *   400 `BadRequestError` with its loader's message; later versions answer 500); past `--max-loras`, 400 (our
+ *   limit: vLLM instead evicts the least recently used adapter from its `--max-cpu-loras` cache and reads it again
+ *   on use, which a trainer that deletes old versions' directories cannot allow).
+ *   An adapter named `<anything>-v<N>` reports policy version N; others report the base's version.
+ *   Pinned from vLLM's source (https://github.com/vllm-project/vllm): the routes and their plain-text success in
+ *   `vllm/entrypoints/serve/lora/api_router.py` (attached only with `VLLM_ALLOW_RUNTIME_LORA_UPDATING`; commit
+ *   27873cab97e41ef32a6a8bcf83fa475a23e6e921), the request bodies in `vllm/entrypoints/serve/lora/protocol.py`
+ *   (7fd1b43852e1c71c7cde24ab80ccbe46c2c68a18) and, with `load_inplace` (vllm-project/vllm#31326, 2026),
+ *   `OpenAIServingModels` in `vllm/entrypoints/openai/models/serving.py` (00153c8b7948077ebdfc5bfa14e403da41aaea6d):
+ *   the checks, messages and statuses above, the adapter model cards (`id` the name, `root` the path, `parent` the
+ *   base), `check_model`'s 404; the not-found text is `LoRAAdapterNotFoundError` (`vllm/exceptions.py`); the 400 for
+ *   unreadable adapters is `vllm/entrypoints/openai/serving_models.py` as of v0.8-v0.10
+ *   (0f1457b0e1303e64ea1c1f3a3e6e0bf348348dc2). test/fixtures/vllm-lora-api.json keeps these shapes.
  *
  * Sampling defaults follow vLLM: `max_tokens` 16, `temperature` 1, `top_p` 1, `top_k` off (0 or -1), the tokenizer's
  * end-of-turn ids stop unless `ignore_eos`; `seed` is per request (choice j of prompt i uses `seed + i·n + j`).
@@ -30,7 +58,7 @@
  * - `n`: an integer in 1..`maxN`; `max_tokens` / `max_completion_tokens`: an integer ≥ 1.
  */
 import { timingSafeEqual } from "node:crypto"
-import { Clock, Effect, Random, Stream } from "effect"
+import { Clock, Effect, Random, type Scope, Stream } from "effect"
 import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { InferenceError } from "../domain/Errors.ts"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
@@ -40,6 +68,7 @@ import * as ToolCallParser from "../env/ToolCallParser.ts"
 import * as Safetensors from "../model/Safetensors.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import type { AdapterError, AdapterRegistry, ServedModel } from "./AdapterRegistry.ts"
 import type { GenerateRequest, GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
 import * as WeightUpload from "./WeightUpload.ts"
 
@@ -60,6 +89,8 @@ export interface ServerOptions {
   readonly maxWeightBytes?: number
   /** `log p(ids[t] | ids[<t])` for t ≥ 1 under the served weights, for `prompt_logprobs`; absent = unsupported. */
   readonly promptLogprobs?: (ids: ReadonlyArray<number>) => Promise<ReadonlyArray<number>>
+  /** LoRA adapters loaded at run time (vLLM's `/v1/load_lora_adapter`); absent = those routes answer 404. */
+  readonly adapters?: AdapterRegistry
 }
 
 /**
@@ -71,16 +102,21 @@ export const defaultMaxRequestBytes = (maxModelLen: number): number => Math.max(
 /** vLLM sets no bound on `n`; one request still should not fill the engine's batch many times over. */
 export const defaultMaxN = 64
 
-/** A request the server refuses: answered with `status` and vLLM's error body; `param` names the field at fault. */
+/**
+ * A request the server refuses: answered with `status` and vLLM's error body; `param` names the field at fault,
+ * `type` overrides the status's error type (vLLM's LoRA checks say `InvalidUserInput`).
+ */
 class BadRequest {
   readonly _tag = "BadRequest"
   readonly message: string
   readonly status: number
   readonly param: string | null
-  constructor(message: string, status = 400, param: string | null = null) {
+  readonly type: string | undefined
+  constructor(message: string, status = 400, param: string | null = null, type?: string) {
     this.message = message
     this.status = status
     this.param = param
+    this.type = type
   }
 }
 
@@ -92,13 +128,19 @@ class BadRequest {
  * `err_type` spells it ("BadRequestError", "NotFoundError", "InternalServerError").
  */
 const errorBody = (e: BadRequest) => ({
-  error: { message: e.message, type: errorTypes[e.status] ?? "BadRequestError", param: e.param, code: e.status }
+  error: {
+    message: e.message,
+    type: e.type ?? errorTypes[e.status] ?? "BadRequestError",
+    param: e.param,
+    code: e.status
+  }
 })
 
 const errorTypes: Record<number, string> = {
   400: "BadRequestError",
   401: "UnauthorizedError",
   403: "ForbiddenError",
+  404: "NotFoundError",
   409: "ConflictError",
   413: "RequestEntityTooLargeError",
   500: "InternalServerError",
@@ -106,8 +148,8 @@ const errorTypes: Record<number, string> = {
   503: "ServiceUnavailableError"
 }
 
-const fail = (message: string, status = 400, param: string | null = null) =>
-  Effect.fail(new BadRequest(message, status, param))
+const fail = (message: string, status = 400, param: string | null = null, type?: string) =>
+  Effect.fail(new BadRequest(message, status, param, type))
 
 const respondError = (e: BadRequest) => HttpServerResponse.jsonUnsafe(errorBody(e), { status: e.status })
 
@@ -294,7 +336,7 @@ export const completionLogprobs = (
  */
 const promptLogprobsOf = (
   body: Json,
-  options: ServerOptions,
+  score: ServedModel["promptLogprobs"],
   tokenizer: TokenizerImpl,
   prompts: ReadonlyArray<ReadonlyArray<number>>
 ) =>
@@ -306,7 +348,6 @@ const promptLogprobsOf = (
       "an integer ≥ 0"
     )
     if (wanted === undefined) return undefined
-    const score = options.promptLogprobs
     if (score === undefined) {
       return yield* fail(`"prompt_logprobs" is not supported by this server`, 400, "prompt_logprobs")
     }
@@ -384,6 +425,56 @@ const readMessages = (body: Json) => {
 const secondsNow = Effect.map(Clock.currentTimeMillis, (ms) => Math.floor(ms / 1000))
 
 /**
+ * The model a request names (`model`): absent, empty or the served name is the base; a loaded adapter is held for
+ * the request's scope (an unload meanwhile frees it only after the request); anything else is vLLM's 404.
+ */
+const servedFor = (
+  body: Json,
+  options: ServerOptions,
+  base: ServedModel
+): Effect.Effect<{ readonly name: string; readonly served: ServedModel }, BadRequest, Scope.Scope> =>
+  Effect.gen(function* () {
+    const name = body["model"]
+    if (name === undefined || name === null || name === "" || name === options.modelName) {
+      return { name: options.modelName, served: base }
+    }
+    if (typeof name !== "string") return yield* fail(`"model" must be a string`, 400, "model")
+    const adapter = options.adapters === undefined ? undefined : yield* options.adapters.use(name)
+    if (adapter === undefined)
+      return yield* fail(`The model \`${name}\` does not exist.`, 404, "model", "NotFoundError")
+    return { name, served: adapter }
+  })
+
+/** What vLLM answers for each refused load or unload (see the module header). */
+const fromAdapterError = (e: AdapterError, path: string) => {
+  switch (e.reason) {
+    case "AlreadyLoaded":
+      return new BadRequest(
+        `The lora adapter '${e.name}' has already been loaded. If you want to load the adapter in place, set ` +
+          `'load_inplace' to True.`,
+        400,
+        null,
+        "InvalidUserInput"
+      )
+    case "NotFound":
+      return new BadRequest(`The lora adapter '${e.name}' cannot be found.`, 404)
+    case "NoAdapter":
+      return new BadRequest(`Loading lora ${e.name} failed: No adapter found for ${path}`, 404)
+    case "Unreadable":
+      return new BadRequest(`Loading lora ${e.name} failed: ${e.detail}`)
+    case "TooMany":
+      return new BadRequest(`Loading lora ${e.name} failed: ${e.detail}`)
+  }
+}
+
+/** FastAPI's answer for a route that is not there: what vLLM's LoRA routes are without runtime updating. */
+const routeNotFound = () => HttpServerResponse.jsonUnsafe({ detail: "Not Found" }, { status: 404 })
+
+/** A non-empty string field, else undefined. */
+const nonEmpty = (value: unknown): string | undefined =>
+  typeof value === "string" && value.length > 0 ? value : undefined
+
+/**
  * The body as a JSON object, read chunk by chunk and refused (413) as soon as it passes `maxBytes`. The rest is left
  * unread: the HTTP layer closes the connection after the answer rather than drain it (NodeHttpServer's teardown).
  */
@@ -436,6 +527,10 @@ export const routes = (options: ServerOptions) =>
       const maxRequestBytes = options.maxRequestBytes ?? defaultMaxRequestBytes(maxModelLen)
       const maxN = options.maxN ?? defaultMaxN
       const uploads = WeightUpload.assembler({ maxBytes: options.maxWeightBytes ?? 4 * 1024 ** 3 })
+      const base: ServedModel = {
+        engine,
+        ...(options.promptLogprobs === undefined ? {} : { promptLogprobs: options.promptLogprobs })
+      }
       const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
         effect.pipe(Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))))
 
@@ -451,6 +546,7 @@ export const routes = (options: ServerOptions) =>
         Effect.gen(function* () {
           const created = yield* secondsNow
           const version = yield* engine.version
+          const adapters = options.adapters === undefined ? [] : yield* options.adapters.list
           return HttpServerResponse.jsonUnsafe({
             object: "list",
             data: [
@@ -460,9 +556,20 @@ export const routes = (options: ServerOptions) =>
                 created,
                 owned_by: "effect-rl",
                 root: modelName,
+                parent: null,
                 max_model_len: maxModelLen,
                 policy_version: version
-              }
+              },
+              // vLLM's LoRA model cards: `root` the adapter's path, `parent` the base
+              ...adapters.map((a) => ({
+                id: a.name,
+                object: "model",
+                created,
+                owned_by: "effect-rl",
+                root: a.path,
+                parent: modelName,
+                max_model_len: null
+              }))
             ]
           })
         })
@@ -472,14 +579,15 @@ export const routes = (options: ServerOptions) =>
         handle(
           Effect.gen(function* () {
             const body = yield* readJsonBody(request, maxRequestBytes)
+            const { name, served } = yield* servedFor(body, options, base)
             if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
             const prompts = yield* promptRows(body, tokenizer)
             const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"], maxN)
             const requests = yield* requestsOf(prompts, sampling, maxModelLen)
-            const results = yield* generateAll(engine, requests)
+            const results = yield* generateAll(served.engine, requests)
             const wantLogprobs = body["logprobs"] !== undefined && body["logprobs"] !== null
             const tokensAsIds = body["return_tokens_as_token_ids"] === true
-            const promptLogprobs = yield* promptLogprobsOf(body, options, tokenizer, prompts)
+            const promptLogprobs = yield* promptLogprobsOf(body, served.promptLogprobs, tokenizer, prompts)
             const created = yield* secondsNow
             const choices = results.map((r, index) => ({
               index,
@@ -499,14 +607,14 @@ export const routes = (options: ServerOptions) =>
               id: `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
               object: "text_completion",
               created,
-              model: modelName,
+              model: name,
               choices,
               usage: usage(
                 requests.reduce((n, r) => n + r.promptIds.length, 0),
                 results.reduce((n, r) => n + r.tokens.length, 0)
               )
             })
-          })
+          }).pipe(Effect.scoped)
         )
       )
 
@@ -514,6 +622,7 @@ export const routes = (options: ServerOptions) =>
         handle(
           Effect.gen(function* () {
             const body = yield* readJsonBody(request, maxRequestBytes)
+            const { name, served } = yield* servedFor(body, options, base)
             if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
             const messages = yield* readMessages(body)
             const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : undefined
@@ -531,7 +640,7 @@ export const routes = (options: ServerOptions) =>
             })
             const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"], maxN)
             const requests = yield* requestsOf([promptIds], sampling, maxModelLen)
-            const results = yield* generateAll(engine, requests)
+            const results = yield* generateAll(served.engine, requests)
             const created = yield* secondsNow
             const eos = new Set(tokenizer.eosIds)
             const choices = results.map((r, index) => {
@@ -562,7 +671,7 @@ export const routes = (options: ServerOptions) =>
               id: `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
               object: "chat.completion",
               created,
-              model: modelName,
+              model: name,
               choices,
               prompt_token_ids: promptIds,
               usage: usage(
@@ -570,6 +679,46 @@ export const routes = (options: ServerOptions) =>
                 results.reduce((n, r) => n + r.tokens.length, 0)
               )
             })
+          }).pipe(Effect.scoped)
+        )
+      )
+
+      yield* router.add("POST", "/v1/load_lora_adapter", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const adapters = options.adapters
+            if (adapters === undefined) return routeNotFound()
+            const body = yield* readJsonBody(request, maxRequestBytes)
+            const name = nonEmpty(body["lora_name"])
+            const dir = nonEmpty(body["lora_path"])
+            if (name === undefined || dir === undefined) {
+              return yield* fail("Both 'lora_name' and 'lora_path' must be provided.", 400, null, "InvalidUserInput")
+            }
+            yield* adapters
+              .load(name, dir, body["load_inplace"] === true)
+              .pipe(Effect.mapError((e) => fromAdapterError(e, dir)))
+            return HttpServerResponse.text(`Success: LoRA adapter '${name}' added successfully.`)
+          })
+        )
+      )
+
+      yield* router.add("POST", "/v1/unload_lora_adapter", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const adapters = options.adapters
+            if (adapters === undefined) return routeNotFound()
+            const body = yield* readJsonBody(request, maxRequestBytes)
+            const name = nonEmpty(body["lora_name"])
+            if (name === undefined) {
+              return yield* fail(
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+                400,
+                null,
+                "InvalidUserInput"
+              )
+            }
+            yield* adapters.unload(name).pipe(Effect.mapError((e) => fromAdapterError(e, "")))
+            return HttpServerResponse.text(`Success: LoRA adapter '${name}' removed successfully.`)
           })
         )
       )

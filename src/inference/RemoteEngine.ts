@@ -22,15 +22,26 @@
  * (vLLM with its own weight transfer) — only advances the version this engine reports.
  * `pause`/`resume` hold new calls on the client side (calls in flight finish on the server).
  *
+ * LoRA (`lora`): a snapshot carrying an adapter is written as a PEFT directory `<lora.dir>/v<version, 6 digits>`
+ * (which the server must be able to read), loaded with vLLM's runtime LoRA API (`POST /v1/load_lora_adapter
+ * {lora_name: "<prefix>-v<version>", lora_path}`; our `serve --enable-lora` or vLLM with `--enable-lora` and
+ * `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), and calls from then on name it as their `model`; calls in flight keep the
+ * adapter they started with. Then every adapter but the newest `lora.keep` is unloaded (`/v1/unload_lora_adapter`)
+ * and its directory deleted. A call's policy versions are its adapter's version: exact, since that adapter sampled
+ * every token of it. Re-publishing a version loads it again in place (`load_inplace`).
+ *
  * Failures: no connection, timeouts, 429/503 are `InferenceError` Unreachable/Overloaded (retryable, retried with
  * backoff `maxRetries` times); other statuses and malformed bodies are BadResponse (4xx) or Internal (5xx).
  */
-import { Duration, Effect, Latch, Layer, Schedule } from "effect"
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { Clock, Duration, Effect, Latch, Layer, Schedule } from "effect"
 import { FetchHttpClient, HttpClient, HttpClientRequest } from "effect/http"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import * as Lora from "../model/Lora.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
 import * as WeightUpload from "./WeightUpload.ts"
 
@@ -52,6 +63,17 @@ export interface RemoteEngineOptions {
   readonly initialVersion?: PolicyVersion.PolicyVersion
   /** Continuations of an aborted choice before giving up (Overloaded); default 8. */
   readonly maxResumes?: number
+  /** Sync LoRA adapters through the server's runtime LoRA API (see the module header). */
+  readonly lora?: {
+    /** Where adapter versions are written; the server reads them from the same path. */
+    readonly dir: string
+    /** Adapters kept loaded (≥ 1): the newest `keep` versions. */
+    readonly keep: number
+    /** Adapters are named `<prefix>-v<version>`; default "policy". */
+    readonly prefix?: string
+  }
+  /** Called after each adapter sync with the bytes written and its wall time. */
+  readonly onSynced?: (timing: { readonly version: number; readonly bytes: number; readonly seconds: number }) => void
 }
 
 const engineName = "remote"
@@ -150,14 +172,30 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   const maxResumes = options.maxResumes ?? 8
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
   const notPaused = yield* Latch.make(true)
-  const model = options.model ?? (yield* servedModel(client, base, options.apiKey))
+  const baseModel = options.model ?? (yield* servedModel(client, base, options.apiKey))
+  /** The model new calls name: the base, or the newest adapter loaded. */
+  let model = baseModel
+  /** The adapters loaded by this engine, oldest first. */
+  const adapters: Array<{
+    readonly name: string
+    readonly version: PolicyVersion.PolicyVersion
+    readonly dir: string
+  }> = []
+  const retry = <A>(effect: Effect.Effect<A, InferenceError>) =>
+    effect.pipe(
+      Effect.retry({
+        times: options.maxRetries ?? 3,
+        schedule: Schedule.exponential("200 millis"),
+        while: (e) => e.isRetryable
+      })
+    )
 
-  /** One completions call, retried while the failure is retryable. */
-  const complete = (request: GenerateRequest) =>
+  /** One completions call for `name`, retried while the failure is retryable. */
+  const complete = (name: string, request: GenerateRequest) =>
     Effect.gen(function* () {
       const http = HttpClientRequest.post(`${base}/v1/completions`).pipe(
         options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
-        HttpClientRequest.bodyJsonUnsafe(requestBody(model, request))
+        HttpClientRequest.bodyJsonUnsafe(requestBody(name, request))
       )
       const response = yield* client
         .execute(http)
@@ -176,16 +214,14 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         duration: timeout,
         orElse: () => Effect.fail(error("Unreachable", `${base}: no answer in ${Duration.format(timeout)}`))
       }),
-      Effect.retry({
-        times: options.maxRetries ?? 3,
-        schedule: Schedule.exponential("200 millis"),
-        while: (e) => e.isRetryable
-      })
+      retry
     )
 
-  /** One request, resumed after aborts. */
+  /** One request, resumed after aborts, all on the model named when it started. */
   const generateOne = (request: GenerateRequest) =>
     Effect.gen(function* () {
+      const name = model
+      const adapterVersion = adapters.find((a) => a.name === name)?.version
       const startVersion = version
       const tokens: Array<number> = []
       const logprobs: Array<number> = []
@@ -194,7 +230,7 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       for (let attempt = 0; ; attempt++) {
         yield* notPaused.await
         const remaining = request.sampling.maxNewTokens - tokens.length
-        const choice = yield* complete({
+        const choice = yield* complete(name, {
           promptIds: request.promptIds.concat(tokens),
           sampling: { ...request.sampling, maxNewTokens: remaining }
         })
@@ -203,22 +239,14 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         for (const t of choice.tokens) tokens.push(t)
         for (const l of choice.logprobs) logprobs.push(l)
         last = choice.versionLast ?? last
-        if (choice.finishReason !== "abort") {
+        const finished = choice.finishReason !== "abort" ? choice.finishReason : undefined
+        if (finished !== undefined || tokens.length >= request.sampling.maxNewTokens) {
           return {
             tokens,
             logprobs,
-            finishReason: choice.finishReason,
-            policyVersionFirst: PolicyVersion.make(first ?? startVersion),
-            policyVersionLast: PolicyVersion.make(last ?? version)
-          } satisfies GenerateResult
-        }
-        if (tokens.length >= request.sampling.maxNewTokens) {
-          return {
-            tokens,
-            logprobs,
-            finishReason: "length",
-            policyVersionFirst: PolicyVersion.make(first ?? startVersion),
-            policyVersionLast: PolicyVersion.make(last ?? version)
+            finishReason: finished ?? "length",
+            policyVersionFirst: adapterVersion ?? PolicyVersion.make(first ?? startVersion),
+            policyVersionLast: adapterVersion ?? PolicyVersion.make(last ?? version)
           } satisfies GenerateResult
         }
         if (attempt >= maxResumes) return yield* error("Overloaded", `aborted ${attempt + 1} times by the server`)
@@ -231,12 +259,80 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
     return yield* Effect.forEach(requests, generateOne, { concurrency: "unbounded" })
   })
 
+  /** POST a JSON body to one of the server's LoRA routes; the status and the body's text. */
+  const postLora = (route: string, body: unknown) =>
+    retry(
+      Effect.gen(function* () {
+        const http = HttpClientRequest.post(`${base}${route}`).pipe(
+          options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
+          HttpClientRequest.bodyJsonUnsafe(body)
+        )
+        const response = yield* client.execute(http)
+        const text = yield* response.text
+        if (response.status === 429 || response.status >= 500) return yield* statusError(response.status, text)
+        return { status: response.status, text }
+      }).pipe(
+        Effect.catchTag("HttpClientError", (e) => Effect.fail(error("Unreachable", `${base}${route}: ${e.message}`)))
+      )
+    )
+
+  /** Load the snapshot's adapter as `<prefix>-v<version>`, name it in new calls, drop all but the newest `keep`. */
+  const syncAdapter = (
+    lora: NonNullable<RemoteEngineOptions["lora"]>,
+    snapshot: WeightSnapshot & { readonly adapter: NonNullable<WeightSnapshot["adapter"]> }
+  ) =>
+    Effect.gen(function* () {
+      const startedAt = yield* Clock.currentTimeMillis
+      const name = `${lora.prefix ?? "policy"}-v${snapshot.version}`
+      const dir = path.resolve(lora.dir, `v${String(snapshot.version).padStart(6, "0")}`)
+      const bytes = yield* Effect.tryPromise({
+        try: () => Lora.writeDir(dir, snapshot.adapter),
+        catch: (cause) =>
+          error("Internal", `cannot write adapter v${snapshot.version} to ${dir}: ${(cause as Error).message}`)
+      })
+      const load = (inplace: boolean) =>
+        postLora("/v1/load_lora_adapter", {
+          lora_name: name,
+          lora_path: dir,
+          ...(inplace ? { load_inplace: true } : {})
+        })
+      const republished = adapters.some((a) => a.name === name)
+      let loaded = yield* load(republished)
+      // a server that kept this name from an earlier run: replace it
+      if (loaded.status === 400 && !republished && loaded.text.includes("has already been loaded"))
+        loaded = yield* load(true)
+      if (loaded.status !== 200) {
+        return yield* error(
+          "BadResponse",
+          `loading adapter ${name}: ${statusError(loaded.status, loaded.text).message}`
+        )
+      }
+      model = name
+      if (!republished) adapters.push({ name, version: snapshot.version, dir })
+      while (adapters.length > Math.max(1, lora.keep)) {
+        const old = adapters.shift()!
+        const unloaded = yield* postLora("/v1/unload_lora_adapter", { lora_name: old.name })
+        // 404: the server no longer has it (restarted), which is what unloading wants
+        if (unloaded.status !== 200 && unloaded.status !== 404) {
+          return yield* error(
+            "BadResponse",
+            `unloading adapter ${old.name}: ${statusError(unloaded.status, unloaded.text).message}`
+          )
+        }
+        yield* Effect.promise(() => fs.rm(old.dir, { recursive: true, force: true }))
+      }
+      const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
+      options.onSynced?.({ version: snapshot.version, bytes, seconds })
+    })
+
   const updateWeights = Effect.fn("RemoteEngine.updateWeights")(function* (snapshot: WeightSnapshot) {
     if (snapshot.version < version) {
       return yield* Effect.die(
         new Error(`RemoteEngine.updateWeights: version ${snapshot.version} is older than ${version}`)
       )
     }
+    const adapter = snapshot.adapter
+    if (adapter !== undefined && options.lora !== undefined) yield* syncAdapter(options.lora, { ...snapshot, adapter })
     if (snapshot.names.length > 0 && options.weightToken !== undefined) {
       yield* WeightUpload.upload(
         {

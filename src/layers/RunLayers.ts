@@ -106,7 +106,7 @@ export const environments = (c: RunConfig) => {
  * The inference engine `generator.engine.kind` asks for: a LocalEngine over the policy's own variables, a WorkerEngine
  * (its own copy of the weights and tfjs backend in a worker thread), or a RemoteEngine (our `serve` or vLLM).
  */
-const inference = (c: RunConfig) => {
+const inference = (c: RunConfig, runDir: string) => {
   const e = c.generator.engine
   return Layer.effect(
     InferenceEngine,
@@ -126,10 +126,21 @@ const inference = (c: RunConfig) => {
           })
         case "remote": {
           const apiKey = yield* secret(e.api_key)
+          // a LoRA run syncing over http loads each version's adapter through the server's runtime LoRA API,
+          // keeping as many as a group may still be sampled from (max_staleness_steps + 1)
+          const lora =
+            c.model.lora.rank > 0 && c.pipeline.weight_sync === "http"
+              ? {
+                  dir: e.lora_dir ?? `${runDir}/adapters`,
+                  keep: c.pipeline.max_staleness_steps + 1,
+                  prefix: e.lora_name_prefix
+                }
+              : undefined
           return yield* RemoteEngine.make({
             url: e.url!, // weightSyncOf (run before any layer is built) checked it is set
             ...(e.model_name === undefined ? {} : { model: e.model_name }),
-            ...(apiKey === undefined ? {} : { apiKey })
+            ...(apiKey === undefined ? {} : { apiKey }),
+            ...(lora === undefined ? {} : { lora })
           }).pipe(Effect.provide(FetchHttpClient.layer))
         }
       }
@@ -147,7 +158,8 @@ const secret = (ref: { readonly env: string } | undefined) =>
  * The weight sync `pipeline.weight_sync` asks for, once it fits the engine by PipelineConfig's rule (each engine kind
  * takes its own sync, or `file` for local and remote): `inprocess` and `worker` hand versions to the engine's own
  * `updateWeights` (a local engine shares the trainer's variables, a worker engine copies), `http` uploads to `serve`'s
- * /v1/weights with `generator.engine.weight_token`, `file` writes versions under RUN_DIR/weights for a `serve --watch`.
+ * /v1/weights with `generator.engine.weight_token` (a LoRA run's adapters instead go to the remote engine, which loads
+ * them with the server's runtime LoRA API), `file` writes versions under RUN_DIR/weights for a `serve --watch`.
  */
 const weightSyncOf = (c: RunConfig, runDir: string) =>
   Effect.gen(function* () {
@@ -167,6 +179,8 @@ const weightSyncOf = (c: RunConfig, runDir: string) =>
       case "file":
         return FileWeightSync.layerFollowing({ dir: `${runDir}/weights` })
       case "http": {
+        // LoRA: the engine loads each adapter itself (RemoteEngine's `lora`), no /v1/weights upload
+        if (c.model.lora.rank > 0) return EngineWeightSync.layer({ weights: "copied" })
         const token = yield* secret(e.weight_token)
         if (token === undefined) {
           return yield* Effect.fail(
@@ -203,7 +217,7 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const modelConfig = options.resumeFrom === undefined ? c.model : { path: options.resumeFrom, lora: c.model.lora }
       const policy = PolicyModel.layer(modelConfig)
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
-      const engine = inference(c)
+      const engine = inference(c, options.runDir)
       const weightSync = yield* weightSyncOf(c, options.runDir)
       const trainer = trainerLayer(c, TrainingLoop.totalSteps(c.trainer, options.trainRows))
       const checkpointer = checkpointerLayer(c, options.runDir)

@@ -1,7 +1,8 @@
 /**
  * The composition of `serve`: a HF checkpoint directory loaded into a LocalEngine behind the OpenAI-compatible HTTP
- * app (inference/OpenAiServer.ts), with the request limits checked against the checkpoint and an optional
- * FileWeightSync watch. The tensor backend must be initialised already.
+ * app (inference/OpenAiServer.ts), with the request limits checked against the checkpoint, an optional
+ * FileWeightSync watch and, with `enableLora`, LoRA adapters loaded at run time (inference/AdapterRegistry.ts: one
+ * LocalEngine per adapter over the base's weights). The tensor backend must be initialised already.
  */
 import { createServer } from "node:http"
 import * as path from "node:path"
@@ -10,6 +11,8 @@ import { Context, Effect, Layer } from "effect"
 import { HttpServer } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as AdapterRegistry from "../inference/AdapterRegistry.ts"
+import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
@@ -35,6 +38,10 @@ export interface ServeOptions {
   readonly maxRequestBytes?: number
   /** The most choices per prompt a request may ask for (`n`); default OpenAiServer.defaultMaxN. */
   readonly maxN?: number
+  /** Open vLLM's runtime LoRA endpoints (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`). */
+  readonly enableLora?: boolean
+  /** With `enableLora`: the most adapters held at once; loads past it are refused. Default unbounded. */
+  readonly maxLoras?: number
 }
 
 /** A limit flag's value: a positive integer, and `--max-model-len` within the checkpoint's positions. */
@@ -42,11 +49,15 @@ const checkLimits = (options: ServeOptions, positions: number) => {
   for (const [flag, value] of [
     ["--max-model-len", options.maxModelLen],
     ["--max-request-bytes", options.maxRequestBytes],
-    ["--max-n", options.maxN]
+    ["--max-n", options.maxN],
+    ["--max-loras", options.maxLoras]
   ] as const) {
     if (value !== undefined && !(Number.isInteger(value) && value >= 1)) {
       return Effect.fail(new ConfigError({ path: flag, message: `${flag} must be a positive integer, got ${value}` }))
     }
+  }
+  if (options.maxLoras !== undefined && options.enableLora !== true) {
+    return Effect.fail(new ConfigError({ path: "--max-loras", message: "--max-loras needs --enable-lora" }))
   }
   return options.maxModelLen !== undefined && options.maxModelLen > positions
     ? Effect.fail(
@@ -76,11 +87,27 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
   )
   yield* checkLimits(options, model.config.maxPositionEmbeddings)
   const tokenizer = yield* AutoTokenizer.load(options.model)
-  const engine = yield* LocalEngine.make({
-    model,
-    decode: (ids) => tokenizer.decode(ids),
-    maxBatch: options.maxBatch ?? 16
-  })
+  const decode = (ids: ReadonlyArray<number>) => tokenizer.decode(ids)
+  const maxBatch = options.maxBatch ?? 16
+  const baseEngine = yield* LocalEngine.make({ model, decode, maxBatch })
+  const adapters =
+    options.enableLora === true
+      ? yield* AdapterRegistry.make({
+          base: model,
+          baseEngine,
+          decode,
+          maxBatch,
+          ...(options.maxLoras === undefined ? {} : { maxLoras: options.maxLoras })
+        })
+      : undefined
+  // new base weights (an upload, a watched version) reach the adapter engines too
+  const engine: InferenceEngine["Service"] =
+    adapters === undefined
+      ? baseEngine
+      : {
+          ...baseEngine,
+          updateWeights: (snapshot) => Effect.andThen(baseEngine.updateWeights(snapshot), adapters.refresh)
+        }
   if (options.watch !== undefined) yield* FileWeightSync.watch(options.watch, engine)
   const server = OpenAiServer.layer({
     engine,
@@ -90,7 +117,8 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
     ...(options.maxRequestBytes === undefined ? {} : { maxRequestBytes: options.maxRequestBytes }),
     ...(options.maxN === undefined ? {} : { maxN: options.maxN }),
     promptLogprobs: (ids) => LogProbs.ofIds(model, ids),
-    ...(options.token === undefined ? {} : { weightToken: options.token })
+    ...(options.token === undefined ? {} : { weightToken: options.token }),
+    ...(adapters === undefined ? {} : { adapters })
   }).pipe(Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host })))
   const context = yield* Layer.build(server)
   return HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
