@@ -6,7 +6,10 @@
  * `all.avg_score` (the goal is ≥ 0.30 in ≤ 600 s on 2 cores), `at` = the held-out score at each eval during training.
  * Other keys already in the file (earlier sessions' records) are kept, and each run is appended to `benchRuns`.
  *
- * Run: npm run build && npx node bench/quickstart.ts [--config configs/quickstart.yaml] [--note "..."] [extra overrides after --]
+ * `--out NAME` writes bench/results/NAME instead (e.g. quickstart-lora.json for configs/quickstart-lora.yaml); every
+ * result also holds the per-family held-out change (`families`: eval_group_by's lines, before → after).
+ *
+ * Run: npm run build && npx node bench/quickstart.ts [--config configs/quickstart.yaml] [--out quickstart.json] [--note "..."] [extra overrides after --]
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
@@ -19,6 +22,7 @@ const arg = (name: string, fallback: string): string => {
 }
 const config = arg("config", "configs/quickstart.yaml")
 const note = arg("note", "")
+const outName = arg("out", "quickstart.json")
 const dash = process.argv.indexOf("--")
 const overrides = dash >= 0 ? process.argv.slice(dash + 1) : []
 
@@ -61,6 +65,15 @@ for (const line of fs.readFileSync(path.join(summary.runDir, "metrics.jsonl"), "
 }
 const before = summary.evalBefore?.all
 const after = summary.evalAfter?.all
+/** Per family (eval_group_by lines, `<source>/family=<f>`): held-out avg_score before, after, and the change. */
+const families: Record<string, { before: number; after: number; delta: number }> = {}
+for (const [key, value] of Object.entries(summary.evalAfter ?? {})) {
+  const family = key.split("/family=")[1]
+  const b = (summary.evalBefore as Record<string, { avg_score: number }> | undefined)?.[key]?.avg_score
+  if (family === undefined || b === undefined) continue
+  const a = (value as { avg_score: number }).avg_score
+  families[family] = { before: Number(b.toFixed(3)), after: Number(a.toFixed(3)), delta: Number((a - b).toFixed(3)) }
+}
 const mean = (xs: Array<number>) => (xs.length === 0 ? os.loadavg()[0]! : xs.reduce((a, b) => a + b, 0) / xs.length)
 const result = {
   bench: "quickstart",
@@ -72,6 +85,7 @@ const result = {
   evalBefore: summary.evalBefore,
   evalAfter: summary.evalAfter,
   delta: before !== undefined && after !== undefined ? after.avg_score - before.avg_score : null,
+  families,
   goal: { seconds: 600, delta: 0.3 },
   machineLoad: { loadavg1mMean: mean(loads), loadavg1mMax: Math.max(...loads, 0), cores: os.cpus().length },
   backend: { name: field("name"), kernels: field("kernels") },
@@ -83,7 +97,7 @@ const result = {
 console.log(JSON.stringify(result))
 // The file also holds what earlier runs and sessions recorded beside the latest run: those keys are kept, and every
 // bench run is appended, in short, to `benchRuns`.
-const out = path.join(import.meta.dirname, "results", "quickstart.json")
+const out = path.join(import.meta.dirname, "results", outName)
 const earlier = fs.existsSync(out) ? (JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, unknown>) : {}
 const benchRuns = Array.isArray(earlier["benchRuns"]) ? (earlier["benchRuns"] as Array<unknown>) : []
 benchRuns.push({

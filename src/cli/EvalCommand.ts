@@ -1,7 +1,8 @@
 /**
  * `eval --config FILE [--model DIR] [key.path=value ...]`: score a policy on the held-out data (`data.val`) with the
  * eval sampling settings. `--model` takes a checkpoint directory, a run directory (its latest checkpoint) or a
- * `checkpoints/latest` pointer file. `trainer.eval_group_by: KEY` adds a line per value of the rows' `extra_info.KEY`.
+ * `checkpoints/latest` pointer file. A LoRA run's checkpoint (or any PEFT adapter directory) is evaluated over its base:
+ * the model its `adapter_config.json` names (`base_model_name_or_path`), else the config's `model`. `trainer.eval_group_by: KEY` adds a line per value of the rows' `extra_info.KEY`.
  * Prints per-source lines and, as the last stdout line, the JSON report
  * `{"event":"eval","report":{"<source>":{"avg_score":…,"pass_at_n":…,"prompts":…},"all":{…}}}`.
  * `--episodes-dir DIR` also writes every eval trajectory group to `DIR/episodes.jsonl` (the run directory's episode
@@ -9,13 +10,37 @@
  */
 import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
+import type { RunConfig } from "../config/RunConfig.ts"
+import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as RunLayers from "../layers/RunLayers.ts"
-import { ConfigError } from "../domain/Errors.ts"
+import * as Lora from "../model/Lora.ts"
 import * as Evaluator from "../pipeline/Evaluator.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunFlags from "./RunFlags.ts"
 import { readRows } from "./TrainCommand.ts"
+
+/** The config with `model.lora` set to the adapter's own options and `model` its base when the adapter names one. */
+const withAdapter = (config: RunConfig, adapter: Checkpointer.AdapterSource) =>
+  Effect.tryPromise({
+    try: async (): Promise<RunConfig> => {
+      const weights = await Lora.readDir(adapter.adapterDir)
+      const lora = {
+        ...config.model.lora,
+        rank: weights.rank,
+        alpha: weights.alpha,
+        dropout: weights.dropout,
+        target_modules: [...weights.targetModules]
+      }
+      const model = adapter.base === undefined ? { ...config.model, lora } : { path: adapter.base, lora }
+      return { ...config, model }
+    },
+    catch: (cause) =>
+      new CheckpointError({
+        path: adapter.adapterDir,
+        message: cause instanceof Error ? cause.message : String(cause)
+      })
+  })
 
 export const command = Command.make(
   "eval",
@@ -23,7 +48,7 @@ export const command = Command.make(
     config: RunFlags.config,
     model: Flag.String("model").pipe(
       Flag.withDescription(
-        "A model to evaluate instead of model.*: a checkpoint directory, a run directory (its latest checkpoint) or a checkpoints/latest file"
+        "A model to evaluate instead of model.*: a checkpoint directory, a run directory (its latest checkpoint), a checkpoints/latest file, or a LoRA adapter (PEFT directory or LoRA run checkpoint) over its base"
       ),
       Flag.optional
     ),
@@ -38,7 +63,15 @@ export const command = Command.make(
     const modelDir = Option.isNone(model)
       ? undefined
       : yield* Effect.promise(() => Checkpointer.resolveModelDir(model.value))
-    const config = modelDir === undefined ? loaded : { ...loaded, model: { path: modelDir, lora: loaded.model.lora } }
+    // a LoRA run's checkpoint or a PEFT directory: the adapter over its base (the one it names, else model.*)
+    const adapter =
+      modelDir === undefined ? undefined : yield* Effect.promise(() => Checkpointer.adapterSourceOf(modelDir))
+    const config =
+      modelDir === undefined
+        ? loaded
+        : adapter === undefined
+          ? { ...loaded, model: { path: modelDir, lora: loaded.model.lora } }
+          : yield* withAdapter(loaded, adapter)
     if (config.data.val.length === 0) {
       return yield* new ConfigError({ file, path: "data.val", message: "data.val: no held-out files to evaluate on" })
     }
@@ -47,7 +80,15 @@ export const command = Command.make(
       val,
       Evaluator.optionsOf(config),
       config.trainer.eval_group_by
-    ).pipe(Effect.provide(RunLayers.training(config, { runDir: config.logging.run_dir, trainRows: 0 })))
+    ).pipe(
+      Effect.provide(
+        RunLayers.training(config, {
+          runDir: config.logging.run_dir,
+          trainRows: 0,
+          ...(adapter === undefined ? {} : { adapterDir: adapter.adapterDir })
+        })
+      )
+    )
     if (Option.isSome(episodesDir)) {
       const file = yield* Effect.scoped(
         Effect.gen(function* () {

@@ -2,17 +2,23 @@
  * `model info --model DIR`: architecture, parameter count and dtype of a HF checkpoint directory.
  * `model logprobs --model DIR --ids 1,5,9`: the log-prob of each id after the first given its prefix; the last
  * stdout line is `{"logprobs":[...]}`.
- * `model export --model DIR|RUN_DIR --out DIR [--dtype f32|bf16]`: a checkpoint (or a run's latest) as a plain HF
- * directory — config.json, safetensors, tokenizer files — that HF transformers or vLLM load.
+ * `model export --model DIR|RUN_DIR --out DIR [--dtype f32|bf16] [--merge [--base DIR]]`: a checkpoint (or a run's
+ * latest) as a plain HF directory — config.json, safetensors, tokenizer files — that HF transformers or vLLM load. A
+ * LoRA run's checkpoint (or a PEFT adapter directory) holds the adapter alone: `--merge` folds it into its base (the
+ * model its adapter_config.json names, or `--base`) and writes the merged weights.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Console, Effect } from "effect"
+import { NodeServices } from "@effect/platform-node"
+import { Console, Effect, Option } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
+import type * as RunConfigModel from "../config/ModelConfig.ts"
+import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as LogProbs from "../model/LogProbs.ts"
+import * as Lora from "../model/Lora.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as TensorFile from "../native/TensorFile.ts"
@@ -130,12 +136,74 @@ const logprobsCommand = Command.make(
 /** A run directory means its latest checkpoint; anything else is taken as a checkpoint directory. */
 const resolveCheckpoint = (dir: string) => Effect.promise(() => Checkpointer.resolveModelDir(dir))
 
-/** Write the model at `dir` (a checkpoint or a run directory) as a HF directory at `out`. */
-export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16") =>
+export interface ExportOptions {
+  /** Fold a LoRA adapter into its base (required when the source is an adapter). */
+  readonly merge?: boolean
+  /** The adapter's base model directory, when its adapter_config.json names none (or another). */
+  readonly base?: string
+}
+
+/**
+ * The model `source` holds: its own weights, or for an adapter (a LoRA run's checkpoint, a PEFT directory) its base
+ * with the adapter merged in; `merge` must be asked for then.
+ */
+const loadMerged = (source: string, options: ExportOptions) =>
+  Effect.gen(function* () {
+    const adapter = yield* Effect.promise(() => Checkpointer.adapterSourceOf(source))
+    if (adapter === undefined) return (yield* loadModel(source)).model
+    const base = options.base ?? adapter.base
+    if (options.merge === true && base === undefined) {
+      // a run over a random-init base (`model.init`): rebuild it from the run's config.yaml
+      const init = yield* runInitOf(source)
+      if (init !== undefined) {
+        const model = yield* Effect.acquireRelease(
+          Effect.sync(() => Transformer.init(ModelConfig.fromInit(init), init.seed)),
+          (m) => Effect.sync(() => Transformer.dispose(m))
+        )
+        return yield* mergeInto(model, adapter.adapterDir, "model.init")
+      }
+    }
+    if (options.merge !== true || base === undefined) {
+      return yield* new ConfigError({
+        path: options.merge !== true ? "--merge" : "--base",
+        message:
+          options.merge !== true
+            ? `${source} holds a LoRA adapter (${adapter.adapterDir}), not a model: add --merge to write its base with the adapter merged in`
+            : `${adapter.adapterDir}/adapter_config.json names no base model: pass --base DIR (the model the run trained over)`
+      })
+    }
+    return yield* mergeInto((yield* loadModel(base)).model, adapter.adapterDir, base)
+  })
+
+/** Attach the adapter at `adapterDir` to `model` and fold it in. */
+const mergeInto = (model: Transformer.Transformer, adapterDir: string, base: string) =>
+  Effect.tryPromise({
+    try: async () => {
+      await Lora.load(model, adapterDir)
+      Lora.merge(model)
+      return model
+    },
+    catch: (cause) =>
+      new CheckpointError({
+        path: adapterDir,
+        message: `cannot merge into ${base}: ${cause instanceof Error ? cause.message : String(cause)}`
+      })
+  })
+
+/** `model.init` of the run a checkpoint belongs to (`<run>/checkpoints/step-N` → `<run>/config.yaml`), if any. */
+const runInitOf = (checkpoint: string): Effect.Effect<RunConfigModel.ModelInit | undefined> =>
+  RunConfigLoader.load(path.join(checkpoint, "..", "..", "config.yaml")).pipe(
+    Effect.map((c) => c.model.init),
+    Effect.provide(NodeServices.layer),
+    Effect.orElseSucceed(() => undefined)
+  )
+
+/** Write the model at `dir` (a checkpoint, a run directory or an adapter with `merge`) as a HF directory at `out`. */
+export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16", options: ExportOptions = {}) =>
   Effect.scoped(
     Effect.gen(function* () {
       const source = yield* resolveCheckpoint(dir)
-      const { model } = yield* loadModel(source)
+      const model = yield* loadMerged(source, options)
       yield* Effect.tryPromise({
         try: async () => {
           await Checkpoint.save(model, out, { dtype })
@@ -160,12 +228,22 @@ const exportCommand = Command.make(
   {
     model: modelFlag,
     out: Flag.String("out").pipe(Flag.withDescription("the HF directory to write")),
-    dtype: Flag.Literals("dtype", ["f32", "bf16"]).pipe(Flag.withDefault("f32"), Flag.withDescription("weight dtype"))
+    dtype: Flag.Literals("dtype", ["f32", "bf16"]).pipe(Flag.withDefault("f32"), Flag.withDescription("weight dtype")),
+    merge: Flag.Boolean("merge").pipe(
+      Flag.withDescription("fold a LoRA adapter (a LoRA run's checkpoint, a PEFT directory) into its base")
+    ),
+    base: Flag.String("base").pipe(
+      Flag.withDescription("the adapter's base model directory (default: the one its adapter_config.json names)"),
+      Flag.optional
+    )
   },
-  ({ model, out, dtype }) =>
+  ({ model, out, dtype, merge, base }) =>
     Effect.gen(function* () {
       yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
-      const result = yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32")
+      const result = yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32", {
+        merge,
+        ...(Option.isSome(base) ? { base: base.value } : {})
+      })
       yield* Console.log(JSON.stringify(result))
     })
 ).pipe(Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory"))

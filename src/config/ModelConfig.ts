@@ -23,7 +23,11 @@ export const LoraConfig = Schema.Struct({
   rank: NonNegativeInt.pipe(withDefault(0)), // 0 = full fine-tuning, no adapters
   alpha: Positive.pipe(withDefault(16)),
   dropout: Probability.pipe(withDefault(0)),
-  target_modules: Schema.Array(Schema.String).pipe(withDefault(["q_proj", "k_proj", "v_proj", "o_proj"]))
+  // PEFT's names, matched by a module's last name component; the MLP's are gate_proj, up_proj, down_proj
+  target_modules: Schema.Array(Schema.String).pipe(withDefault(["q_proj", "k_proj", "v_proj", "o_proj"])),
+  // the frozen base in memory: bfloat16 halves it (native backend only; exact for a BF16 checkpoint, a rounding of
+  // an F32 one), float32 keeps it as loaded
+  base_dtype: Schema.Literals(["float32", "bfloat16"]).pipe(withDefault("float32"))
 })
 export type LoraConfig = typeof LoraConfig.Type
 

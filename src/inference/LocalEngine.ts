@@ -346,7 +346,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
         }
         return Effect.try({
           try: () => {
-            if (snapshot.names.length > 0) Snapshot.load(model, snapshot)
+            if (snapshot.names.length > 0 || snapshot.adapter !== undefined) Snapshot.load(model, snapshot)
             dropView() // new weights (even at the same version): the fused view and cached prefixes are stale
             prefixCache?.clear()
             version = snapshot.version

@@ -23,7 +23,7 @@ import { Deferred, Effect, Latch, Layer, Semaphore } from "effect"
 import type { BackendConfig } from "../config/BackendConfig.ts"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
-import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import type { AdapterWeights, WeightSnapshot } from "../domain/WeightSnapshot.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import type * as Transformer from "../model/Transformer.ts"
@@ -34,7 +34,10 @@ import * as WeightBoard from "./WeightBoard.ts"
 export type PauseMode = "abort" | "keep" | "wait"
 
 export interface WorkerEngineOptions {
-  /** The starting weights (read once, adapters merged); the worker builds its own copy. */
+  /**
+   * The starting weights (read once); the worker builds its own copy: the base and, when LoRA adapters are attached,
+   * the adapter beside it (later versions then send adapters only, posted with the update: megabytes).
+   */
   readonly model: Transformer.Transformer
   readonly initialVersion?: PolicyVersion.PolicyVersion
   /** The worker's tfjs backend. */
@@ -54,6 +57,7 @@ export interface WorkerEngineOptions {
 export interface WorkerInit {
   readonly config: TransformerConfig
   readonly board: WeightBoard.Board
+  readonly adapter: AdapterWeights | undefined
   readonly initialVersion: number
   readonly backend: BackendConfig
   readonly maxBatch: number
@@ -65,7 +69,13 @@ export type ToWorker =
   | { readonly type: "generate"; readonly id: number; readonly requests: ReadonlyArray<GenerateRequest> }
   | { readonly type: "cancel"; readonly id: number }
   | { readonly type: "abort"; readonly id: number }
-  | { readonly type: "weights"; readonly id: number; readonly version: number; readonly tensors: ReadonlyArray<number> }
+  | {
+      readonly type: "weights"
+      readonly id: number
+      readonly version: number
+      readonly tensors: ReadonlyArray<number> // board indices written
+      readonly adapter?: AdapterWeights // a LoRA version's adapter (structured-cloned: small)
+    }
   | { readonly type: "pause"; readonly id: number }
   | { readonly type: "resume"; readonly id: number }
 
@@ -99,10 +109,12 @@ export const workerUrl = (): URL => {
 export const make = Effect.fnUntraced(function* (options: WorkerEngineOptions) {
   const pauseMode = options.pauseMode ?? "keep"
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
-  const board = WeightBoard.allocate(yield* Effect.promise(() => Snapshot.fromModel(options.model, version)))
+  const initial = yield* Effect.promise(() => Snapshot.withAdapter(options.model, version))
+  const board = WeightBoard.allocate(initial)
   const init: WorkerInit = {
     config: options.model.config,
     board,
+    adapter: initial.adapter,
     initialVersion: version,
     backend: options.backend,
     maxBatch: options.maxBatch ?? 64,
@@ -231,7 +243,13 @@ export const make = Effect.fnUntraced(function* (options: WorkerEngineOptions) {
               message: `cannot load weights v${snapshot.version}: ${cause instanceof Error ? cause.message : String(cause)}`
             })
         })
-        yield* control((id) => ({ type: "weights", id, version: snapshot.version, tensors }))
+        yield* control((id) => ({
+          type: "weights",
+          id,
+          version: snapshot.version,
+          tensors,
+          ...(snapshot.adapter === undefined ? {} : { adapter: snapshot.adapter })
+        }))
         version = snapshot.version
       })
     )

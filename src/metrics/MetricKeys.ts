@@ -69,6 +69,8 @@ export const train = {
   "timing/wait_for_groups": "seconds the trainer waited for the step's groups (async)",
   "timing/train_step": "seconds in Trainer.step",
   "timing/weight_sync": "seconds publishing the new weights",
+  "sync/bytes":
+    "bytes the step's weight sync moved: the whole model, a LoRA run's adapter alone, 0 when the engine shares the trainer's tensors",
   "timing/train_and_sync": "seconds training and publishing",
   "timing/step": "seconds from the start of the step's batch to its metrics line",
   "timing/eval": "seconds an evaluation took (on eval lines)",

@@ -6,6 +6,7 @@
 import * as tf from "@tensorflow/tfjs"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
+import * as Lora from "./Lora.ts"
 import * as Transformer from "./Transformer.ts"
 
 /**
@@ -34,9 +35,34 @@ export const fromModel = async (
   return WeightSnapshot.make({ version, names: arrays.map((t) => t.name), shapes: arrays.map((t) => t.shape), data })
 }
 
+/** The attached adapter alone (no full tensors) as a snapshot at `version`: what a LoRA run's weight sync sends. */
+export const adapterOf = async (
+  model: Transformer.Transformer,
+  version: PolicyVersion
+): Promise<WeightSnapshot.WeightSnapshot> =>
+  WeightSnapshot.make({ version, names: [], shapes: [], data: [], adapter: await Lora.toWeights(model) })
+
 /**
- * Overwrite the model's weights in place from a snapshot (all of them or a subset). Throws on an unknown name or a
- * shape mismatch before changing anything.
+ * The base weights, unmerged, and the attached adapter (when there is one): an engine that applies adapters itself
+ * starts from this and then takes `adapterOf` snapshots.
+ */
+export const withAdapter = async (
+  model: Transformer.Transformer,
+  version: PolicyVersion
+): Promise<WeightSnapshot.WeightSnapshot> => {
+  const arrays = await Transformer.toHfArrays(model)
+  return WeightSnapshot.make({
+    version,
+    names: arrays.map((t) => t.name),
+    shapes: arrays.map((t) => t.shape),
+    data: arrays.map((t) => t.data),
+    ...(model.adapters.size === 0 ? {} : { adapter: await Lora.toWeights(model) })
+  })
+}
+
+/**
+ * Overwrite the model's weights in place from a snapshot (all of them or a subset), and replace its adapter with the
+ * snapshot's when it carries one. Throws on an unknown name or a shape mismatch before changing any weight.
  */
 export const load = (model: Transformer.Transformer, snapshot: WeightSnapshot.WeightSnapshot): void => {
   snapshot.names.forEach((name, i) => {
@@ -51,4 +77,5 @@ export const load = (model: Transformer.Transformer, snapshot: WeightSnapshot.We
   snapshot.names.forEach((name, i) => {
     Transformer.assignHf(model, name, snapshot.shapes[i]!, snapshot.data[i]!)
   })
+  if (snapshot.adapter !== undefined) Lora.attachWeights(model, snapshot.adapter)
 }

@@ -244,6 +244,25 @@ export const assignHf = (model: Transformer, name: string, shape: ReadonlyArray<
 export const trainableVariables = (model: Transformer): Array<tf.Variable> =>
   model.adapters.size > 0 ? [...model.adapters.values()].flatMap((a) => [a.a, a.b]) : [...model.params.values()]
 
+/**
+ * A model that reads `model`'s base weights (the same variables, nothing copied) with adapters of its own: several
+ * adapters served over one base. Dispose it with `disposeAdapters`, never `dispose` (that would free the base).
+ */
+export const shareBase = (model: Transformer): Transformer => {
+  const shared: Transformer = { config: model.config, params: model.params, adapters: new Map(), id: nextModelId() }
+  if (storedFrozen.has(model)) storedFrozen.add(shared)
+  return shared
+}
+
+/** Free the model's adapters, leaving its base weights alone. */
+export const disposeAdapters = (model: Transformer): void => {
+  for (const a of model.adapters.values()) {
+    a.a.dispose()
+    a.b.dispose()
+  }
+  model.adapters.clear()
+}
+
 export const dispose = (model: Transformer): void => {
   for (const v of model.params.values()) v.dispose()
   for (const a of model.adapters.values()) {

@@ -7,6 +7,7 @@ import { Effect } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import { WeightSync } from "../sync/WeightSync.ts"
 import { Trainer } from "../trainer/Trainer.ts"
 import * as AsyncSource from "./AsyncSource.ts"
@@ -35,7 +36,18 @@ export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs
       settings: TrainingLoop.settingsOf(config),
       runDir: inputs.runDir,
       ...(inputs.resumeFrom === undefined ? {} : { resumeFrom: inputs.resumeFrom }),
-      publish: (version) => weightSync.publish({ version, snapshot: trainer.snapshot }).pipe(Effect.orDie),
+      publish: (version) => {
+        let bytes = 0 // what the sync read of the trainer's weights: none when the engine shares them
+        const snapshot = Effect.tap(trainer.snapshot, (s) =>
+          Effect.sync(() => {
+            bytes = WeightSnapshot.byteSize(s)
+          })
+        )
+        return weightSync.publish({ version, snapshot }).pipe(
+          Effect.map(() => bytes),
+          Effect.orDie
+        )
+      },
       evaluate: Evaluator.atStep(config, inputs.val),
       recordConsumed: true
     },
@@ -49,6 +61,6 @@ export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs
 /** Train from recorded groups (ReplaySource.recorded): no sampling, no publishing, no evaluation. */
 export const replay = (config: RunConfig, runDir: string, groups: ReadonlyArray<TrajectoryGroup>) =>
   TrainingLoop.run<never, never>(
-    { settings: TrainingLoop.settingsOf(config), runDir, publish: () => Effect.void, recordConsumed: false },
+    { settings: TrainingLoop.settingsOf(config), runDir, publish: () => Effect.succeed(0), recordConsumed: false },
     () => ReplaySource.make(config.trainer, groups)
   )

@@ -102,8 +102,11 @@ export interface Options<R = never> {
   readonly settings: Settings
   readonly runDir: string
   readonly resumeFrom?: string
-  /** Publish the trainer's weights as `version` to whatever samples from them (nothing for replay). */
-  readonly publish: (version: PolicyVersion) => Effect.Effect<void>
+  /**
+   * Publish the trainer's weights as `version` to whatever samples from them (nothing for replay); returns the bytes
+   * the sync moved (0 when the engine shares the trainer's tensors).
+   */
+  readonly publish: (version: PolicyVersion) => Effect.Effect<number>
   /** Held-out evaluation at a step; absent: no evaluation (replay). */
   readonly evaluate?: (label: string, step: number) => Effect.Effect<Evaluator.Report | undefined, never, R>
   /** Append every trained prompt to `consumed.jsonl` (off for replay, which must not touch the recorded run). */
@@ -225,6 +228,7 @@ export const run = <R1, R2>(
         const before = yield* trainer.version
         const t0 = yield* Clock.currentTimeMillis
         let publishMs = 0
+        let syncBytes = 0
         const result = yield* source.guard(
           trainer.step(batch.groups).pipe(
             Effect.catchCause((cause) =>
@@ -233,7 +237,7 @@ export const run = <R1, R2>(
             Effect.tap((r) =>
               Effect.gen(function* () {
                 const t1 = yield* Clock.currentTimeMillis
-                yield* options.publish(r.version)
+                syncBytes = yield* options.publish(r.version)
                 publishMs = (yield* Clock.currentTimeMillis) - t1
               })
             )
@@ -250,6 +254,7 @@ export const run = <R1, R2>(
           ...after,
           "trainer/policy_version": result.version,
           "timing/weight_sync": publishMs / 1000,
+          "sync/bytes": syncBytes,
           "timing/train_and_sync": trainAndSyncMs / 1000,
           "timing/step": (now - batch.startedAt) / 1000
         }

@@ -16,8 +16,12 @@
  * renamed into place. So `--resume latest` with `latest` missing, empty or unreadable resumes from the newest
  * complete one, with a warning (`resumeLatest`), rather than starting fresh and archiving the run.
  *
- * With LoRA adapters attached (only `sft` attaches them) the weights saved are the merged W + s·Aᵀ·Bᵀ, so the
- * directory still loads as `model.path` everywhere (HF, vLLM), and the adapter alone goes to `adapter/` (PEFT layout).
+ * With LoRA adapters attached, `weights` says what is saved:
+ *   - `merged` (`sft`): the merged W + s·Aᵀ·Bᵀ, so the directory still loads as `model.path` everywhere (HF, vLLM),
+ *     and the adapter alone in `adapter/` (PEFT layout);
+ *   - `adapter` (a LoRA RL run): only `adapter/` (PEFT layout, its `base_model_name_or_path` the run's `model.path`)
+ *     besides the optimizer and trainer state: megabytes per checkpoint, the base is the run's own. Resuming loads the
+ *     base from `model` and attaches the adapter; `model export --merge` writes the merged HF directory.
  * `sft` keeps its step directories and `latest` in its output directory itself (`root`), where they have always been.
  */
 import * as fs from "node:fs/promises"
@@ -201,6 +205,33 @@ export interface Options {
   readonly tokenizer: TokenizerImpl
   /** The attached adapters' options, for `adapter/adapter_config.json`; without them no `adapter/` is written. */
   readonly lora?: Lora.LoraOptions
+  /** With adapters attached: merged weights + `adapter/` (default), or `adapter/` alone. */
+  readonly weights?: "merged" | "adapter"
+  /** The base model directory recorded in `adapter/adapter_config.json` (`base_model_name_or_path`). */
+  readonly baseModelPath?: string
+}
+
+/** The PEFT adapter directory inside a checkpoint. */
+export const adapterDir = (checkpoint: string): string => path.join(checkpoint, "adapter")
+
+/** An adapter that needs a base model: its directory, and the base its adapter_config.json names (if any). */
+export interface AdapterSource {
+  readonly adapterDir: string
+  readonly base: string | undefined
+}
+
+/**
+ * Whether a resolved model directory is an adapter without weights of its own — a PEFT directory, or a LoRA run's
+ * checkpoint (`adapter/` and no config.json) — and if so where it is and which base it names. Undefined for a model
+ * directory (with or without an `adapter/` beside merged weights).
+ */
+export const adapterSourceOf = async (dir: string): Promise<AdapterSource | undefined> => {
+  const at = (await Lora.isAdapterDir(dir))
+    ? dir
+    : !(await exists(path.join(dir, "config.json"))) && (await Lora.isAdapterDir(adapterDir(dir)))
+      ? adapterDir(dir)
+      : undefined
+  return at === undefined ? undefined : { adapterDir: at, base: await Lora.baseModelOf(at) }
 }
 
 /**
@@ -212,8 +243,14 @@ const saveWeights = async (
   model: Transformer.Transformer,
   dir: string,
   step: number,
-  lora: Lora.LoraOptions | undefined
+  options: Options
 ): Promise<void> => {
+  const lora = options.lora
+  if (options.weights === "adapter" && model.adapters.size > 0) {
+    await fs.mkdir(dir, { recursive: true })
+    await Lora.save(model, adapterDir(dir), lora ?? Lora.optionsOf(model), options.baseModelPath ?? null)
+    return
+  }
   await Checkpoint.save(model, dir)
   if (model.adapters.size === 0) return
   const snapshot = await Snapshot.fromModel(model, PolicyVersion.make(step))
@@ -221,7 +258,7 @@ const saveWeights = async (
     dir,
     snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! }))
   )
-  if (lora !== undefined) await Lora.save(model, path.join(dir, "adapter"), lora)
+  if (lora !== undefined) await Lora.save(model, adapterDir(dir), lora, options.baseModelPath ?? null)
 }
 
 export const make = (options: Options) => {
@@ -237,7 +274,7 @@ export const make = (options: Options) => {
     const dir = path.join(root, name)
     const tmp = `${dir}.tmp`
     yield* attempt(tmp, "clear", () => fs.rm(tmp, { recursive: true, force: true }))
-    yield* attempt(tmp, "weights", () => saveWeights(model, tmp, step, options.lora))
+    yield* attempt(tmp, "weights", () => saveWeights(model, tmp, step, options))
     const hf = options.tokenizer.hfFiles()
     yield* attempt(tmp, "tokenizer", async () => {
       await fs.writeFile(path.join(tmp, "tokenizer.json"), JSON.stringify(hf["tokenizer.json"]))

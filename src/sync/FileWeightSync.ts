@@ -2,7 +2,9 @@
  * Weight sync through a directory: for an engine in another process on the same machine or a shared file system
  * (`serve --watch DIR`, or any LocalEngine given to `watch`). Layout:
  *
- *   DIR/v000012/model.safetensors    one version's weights (HF names and shapes, F32)
+ *   DIR/v000012/model.safetensors    one version's weights (HF names and shapes, F32), or for a LoRA run
+ *   DIR/v000012/adapter_config.json  its adapter alone, as PEFT saves it (over the base the reader already has)
+ *   DIR/v000012/adapter_model.safetensors
  *   DIR/LATEST                       "12\n": the newest complete version
  *
  * Writes are atomic, so a reader never sees half a version: the weights go to `DIR/.tmp-…/`, are fsync'd, and the
@@ -20,6 +22,7 @@ import { Clock, Duration, Effect, Layer } from "effect"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
+import * as Lora from "../model/Lora.ts"
 import * as Safetensors from "../model/Safetensors.ts"
 import { WeightSync, WeightSyncError } from "./WeightSync.ts"
 
@@ -62,15 +65,23 @@ const syncDir = async (dir: string): Promise<void> => {
 /** Write one version atomically and point LATEST at it; returns the bytes written. Promise-based (one seam). */
 export const writeVersion = async (dir: string, snapshot: WeightSnapshot.WeightSnapshot, keep = 2): Promise<number> => {
   await fs.mkdir(dir, { recursive: true })
-  const bytes = Safetensors.encode(
-    snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! })),
-    "F32",
-    { format: "pt", policy_version: String(snapshot.version) }
-  )
   const tmp = path.join(dir, `.tmp-${randomBytes(6).toString("hex")}`)
   const target = versionDir(dir, snapshot.version)
   await fs.mkdir(tmp)
-  await writeSynced(path.join(tmp, weightsFile), bytes)
+  let written = 0
+  if (snapshot.adapter !== undefined) {
+    written += await Lora.writeDir(tmp, snapshot.adapter)
+    for (const file of [Lora.configFile, Lora.weightsFile]) await fsyncFile(path.join(tmp, file))
+  }
+  if (snapshot.names.length > 0 || snapshot.adapter === undefined) {
+    const bytes = Safetensors.encode(
+      snapshot.names.map((name, i) => ({ name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! })),
+      "F32",
+      { format: "pt", policy_version: String(snapshot.version) }
+    )
+    await writeSynced(path.join(tmp, weightsFile), bytes)
+    written += bytes.byteLength
+  }
   await syncDir(tmp)
   await fs.rm(target, { recursive: true, force: true }) // a re-published version replaces the old files
   await fs.rename(tmp, target)
@@ -85,7 +96,17 @@ export const writeVersion = async (dir: string, snapshot: WeightSnapshot.WeightS
   for (const old of versions.slice(Math.max(1, keep))) {
     await fs.rm(versionDir(dir, old), { recursive: true, force: true })
   }
-  return bytes.byteLength
+  return written
+}
+
+/** fsync a file written by someone else's writeFile. */
+const fsyncFile = async (file: string): Promise<void> => {
+  const handle = await fs.open(file, "r+")
+  try {
+    await handle.sync()
+  } finally {
+    await handle.close()
+  }
 }
 
 /** The newest complete version in `dir`, or undefined when none has been written. */
@@ -98,7 +119,17 @@ export const readLatest = async (dir: string): Promise<number | undefined> => {
 
 /** One version's weights as a snapshot. */
 export const readVersion = async (dir: string, version: number): Promise<WeightSnapshot.WeightSnapshot> => {
-  const file = path.join(versionDir(dir, version), weightsFile)
+  const at = versionDir(dir, version)
+  if (await Lora.isAdapterDir(at)) {
+    return WeightSnapshot.make({
+      version: PolicyVersion.make(version),
+      names: [],
+      shapes: [],
+      data: [],
+      adapter: await Lora.readDir(at)
+    })
+  }
+  const file = path.join(at, weightsFile)
   const decoded = Safetensors.decode(await fs.readFile(file), file)
   const names = [...decoded.tensors.keys()]
   return WeightSnapshot.make({

@@ -42,6 +42,8 @@ export interface AdamW {
   readonly dispose: () => void
 }
 
+const withoutModelId = (name: string): string => name.replace(/^t\d+\//, "")
+
 /** Gradient accumulation: the sum of `accumulated` and `grads`, name by name; both inputs are disposed. */
 export const accumulate = (accumulated: tf.NamedTensorMap | undefined, grads: tf.NamedTensorMap): tf.NamedTensorMap => {
   if (accumulated === undefined) return grads
@@ -111,8 +113,10 @@ export const make = (variables: ReadonlyArray<tf.Variable>, c: OptimizerConfig):
     },
     restore: (state) => {
       t = state.step
+      // variable names are `t<model id>/<weight>`; the id may differ between the process that saved and this one
+      const byWeight = new Map(variables.map((v) => [withoutModelId(v.name), v]))
       state.names.forEach((name, i) => {
-        const p = byName.get(name)
+        const p = byName.get(name) ?? byWeight.get(withoutModelId(name))
         if (p === undefined) throw new Error(`AdamW.restore: no parameter ${name}`)
         tf.tidy(() => {
           slot(m, p).assign(tf.tensor(state.m[i]!, p.shape))

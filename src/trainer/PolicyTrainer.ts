@@ -41,6 +41,7 @@ import { ConfigError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as LogProbs from "../model/LogProbs.ts"
+import * as Lora from "../model/Lora.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as Critic from "./Critic.ts"
@@ -113,19 +114,30 @@ export const policyLoss = (
   }
 }
 
-/** Token log-probs of a micro-batch under `model`, no gradient, as plain arrays (downloaded asynchronously). */
+/**
+ * Token log-probs of a micro-batch under `model`, no gradient, as plain arrays (downloaded asynchronously). With
+ * `adapters`, the forward runs with the model's adapters swapped for those (an empty map: the frozen base alone).
+ */
 const logProbsOf = async (
   model: Transformer.Transformer,
   batch: TrainingBatch.Batch,
-  temperature: number
+  temperature: number,
+  adapters?: ReadonlyMap<string, Transformer.Adapter>
 ): Promise<Array<Array<number>>> => {
-  const { logprobs } = LogProbs.ofSequences(
-    model,
-    { ids: batch.ids, attentionMask: batch.attentionMask },
-    { temperature }
-  ) // [b, L]
+  const forward = () =>
+    LogProbs.ofSequences(model, { ids: batch.ids, attentionMask: batch.attentionMask }, { temperature }).logprobs // [b, L]
+  const logprobs = adapters === undefined ? forward() : Lora.withAdapters(model, adapters, forward)
   return logprobs.array().finally(() => logprobs.dispose())
 }
+
+/**
+ * The reference policy of the KL terms. Full fine-tuning: a second model (`frozen`: the initial weights; `ema`: their
+ * moving average). LoRA: the same model with other adapters — none (`frozen`: the base, exactly what the policy was
+ * before training moved B from zero) or a moving average of the adapters (`ema`); no second copy of the base.
+ */
+type Reference =
+  | { readonly kind: "model"; readonly model: Transformer.Transformer }
+  | { readonly kind: "adapters"; readonly adapters: ReadonlyMap<string, Transformer.Adapter> }
 
 /** sg(x): the value of x with a zero gradient (torch's `.detach()`). */
 const stopGradient = <T extends tf.Tensor>(x: T): T =>
@@ -238,13 +250,28 @@ export const microBatchGrads = async (
 const chunks = (n: number, size: number): Array<[number, number]> =>
   Array.from({ length: Math.ceil(n / size) }, (_, i) => [i * size, Math.min(n, (i + 1) * size)])
 
-/** θ_ref ← d·θ_ref + (1 − d)·θ, parameter by parameter (adapters are not part of the reference). */
-const emaInto = (reference: Transformer.Transformer, model: Transformer.Transformer, decay: number): void => {
-  for (const [name, r] of reference.params) {
-    const p = model.params.get(name)!
-    tf.tidy(() => r.assign(tf.add(tf.mul(r, decay), tf.mul(p, 1 - decay))))
+/** θ_ref ← d·θ_ref + (1 − d)·θ, tensor by tensor: the whole model, or a LoRA run's adapters. */
+const emaInto = (reference: Reference, model: Transformer.Transformer, decay: number): void => {
+  const ema = (r: tf.Variable, p: tf.Tensor) => tf.tidy(() => r.assign(tf.add(tf.mul(r, decay), tf.mul(p, 1 - decay))))
+  if (reference.kind === "model") {
+    for (const [name, r] of reference.model.params) ema(r, model.params.get(name)!)
+    return
+  }
+  for (const [module, r] of reference.adapters) {
+    const p = model.adapters.get(module)!
+    ema(r.a, p.a)
+    ema(r.b, p.b)
   }
 }
+
+/** Frozen copies of the model's adapters (the EMA reference of a LoRA run starts as the policy's own). */
+const copyAdapters = (model: Transformer.Transformer): Map<string, Transformer.Adapter> =>
+  new Map(
+    [...model.adapters].map(([module, a]) => [
+      module,
+      { ...a, a: tf.variable(a.a, false, `${a.a.name}.ref`), b: tf.variable(a.b, false, `${a.b.name}.ref`) }
+    ])
+  )
 
 const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
@@ -265,20 +292,29 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     Effect.sync(() => Optimizer.make(variables, t.optimizer)),
     (o) => Effect.sync(() => o.dispose())
   )
+  const lora = model.adapters.size > 0
   // the policy's weights are downloaded before the reference exists: nothing to free if the read fails
-  const initialWeights = needsRef
-    ? yield* Effect.promise(() => Snapshot.fromModel(model, PolicyVersion.initial))
-    : undefined
-  const reference =
-    initialWeights === undefined
-      ? undefined
+  const initialWeights =
+    needsRef && !lora ? yield* Effect.promise(() => Snapshot.fromModel(model, PolicyVersion.initial)) : undefined
+  const reference: Reference | undefined = !needsRef
+    ? undefined
+    : initialWeights === undefined
+      ? t.ref === "frozen"
+        ? { kind: "adapters", adapters: new Map() }
+        : yield* Effect.acquireRelease(
+            Effect.sync((): Reference => ({ kind: "adapters", adapters: copyAdapters(model) })),
+            (ref) =>
+              Effect.sync(() => {
+                if (ref.kind === "adapters") for (const a of ref.adapters.values()) tf.dispose([a.a, a.b])
+              })
+          )
       : yield* Effect.acquireRelease(
-          Effect.sync(() => {
+          Effect.sync((): Reference => {
             const ref = Transformer.init(model.config, 0)
             Snapshot.load(ref, initialWeights)
-            return ref
+            return { kind: "model", model: ref }
           }),
-          (ref) => Effect.sync(() => Transformer.dispose(ref))
+          (ref) => Effect.sync(() => ref.kind === "model" && Transformer.dispose(ref.model))
         )
   const critic =
     algo.advantage_estimator === "gae"
@@ -435,21 +471,28 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     const miniRows = derived.sequencesPerMiniBatch
     const miniBatches = chunks(rows, miniRows)
     /** log-probs of every row under `m`, by mini-batch then micro-batch (the shapes the updates run on) */
-    const passOver = (m: Transformer.Transformer, firstRow: number) =>
+    const passOver = (firstRow: number, ref?: Reference) =>
       Effect.map(
         Effect.forEach(
           miniBatches.flatMap(([a, b]) => (b <= firstRow ? [] : [[Math.max(a, firstRow), b] as const])),
-          ([a, b]) => perMicro(batch, a, b, (x) => logProbsOf(m, x, derived.temperature))
+          ([a, b]) =>
+            perMicro(batch, a, b, (x) =>
+              ref === undefined
+                ? logProbsOf(model, x, derived.temperature)
+                : ref.kind === "model"
+                  ? logProbsOf(ref.model, x, derived.temperature)
+                  : logProbsOf(model, x, derived.temperature, ref.adapters)
+            )
         ),
         (parts) => parts.flat()
       )
     const metrics: Record<string, number> = {}
     const updates: Array<Record<string, number>> = []
     if (rows > 0 && TrainingBatch.tokenCount(batch) > 0) {
-      const refLogProbs = reference === undefined ? undefined : yield* passOver(reference, 0)
+      const refLogProbs = reference === undefined ? undefined : yield* passOver(0, reference)
       let old: Array<Array<number> | undefined> | undefined
       if (refLogProbs !== undefined && algo.use_kl_in_reward) {
-        const old0 = yield* passOver(model, 0)
+        const old0 = yield* passOver(0)
         const kl = yield* Effect.promise(() => Kl.estimate(algo.kl_estimator_type, old0, refLogProbs))
         batch = TrainingBatch.build(groups, { ...withValues, klPenalty: { kl, coef: klController.value } })
         const observed = mean(
@@ -468,7 +511,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         // no update has happened yet: the first mini-batch's π_old is π_θ itself (see 4.), the other rows need the pass
         const dropout = [...model.adapters.values()].some((a) => a.dropout > 0)
         const skip = dropout ? 0 : miniBatches[0]![1]
-        old = [...new Array<undefined>(skip).fill(undefined), ...(yield* passOver(model, skip))]
+        old = [...new Array<undefined>(skip).fill(undefined), ...(yield* passOver(skip))]
       }
       for (let epoch = 0; epoch < t.update_epochs_per_batch; epoch++) {
         for (const [a, b] of miniBatches) {
@@ -533,7 +576,10 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
   return Trainer.of({
     step,
     version: Ref.get(versionRef),
-    snapshot: Effect.flatMap(Ref.get(versionRef), (v) => Effect.promise(() => Snapshot.fromModel(model, v))),
+    // a LoRA run syncs its adapter alone: engines hold the base already
+    snapshot: Effect.flatMap(Ref.get(versionRef), (v) =>
+      Effect.promise(() => (lora ? Snapshot.adapterOf(model, v) : Snapshot.fromModel(model, v)))
+    ),
     state: Effect.gen(function* () {
       const state: TrainerState = {
         step: yield* Ref.get(stepRef),

@@ -9,6 +9,7 @@ import { Effect, Fiber, Logger, Queue } from "effect"
 import * as TensorBackend from "../../backend/TensorBackend.ts"
 import { InferenceError } from "../../domain/Errors.ts"
 import * as PolicyVersion from "../../domain/PolicyVersion.ts"
+import * as Lora from "../../model/Lora.ts"
 import * as Transformer from "../../model/Transformer.ts"
 import * as ByteTokenizer from "../../tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../tokenizer/HfTokenizer.ts"
@@ -50,6 +51,7 @@ const program = Effect.gen(function* () {
     ),
     (m) => Effect.sync(() => Transformer.dispose(m))
   )
+  if (init.adapter !== undefined) Lora.attachWeights(model, init.adapter)
   const decode = decoderOf(init.tokenizer)
   const engine = yield* LocalEngine.make({
     model,
@@ -93,7 +95,10 @@ const program = Effect.gen(function* () {
         return Effect.suspend(() =>
           // transposed weights are copied by the load itself (while the main thread waits for our ack): view those;
           // the others may be kept by reference by a tfjs backend (cpu), so they must be private copies
-          engine.updateWeights(WeightBoard.read(board, message.version, message.tensors, Transformer.isTransposed))
+          engine.updateWeights({
+            ...WeightBoard.read(board, message.version, message.tensors, Transformer.isTransposed),
+            ...(message.adapter === undefined ? {} : { adapter: message.adapter })
+          })
         ).pipe(
           Effect.match({
             onFailure: (e) => post({ type: "ack", id: message.id, error: toError(e) }),
