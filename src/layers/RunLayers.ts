@@ -49,6 +49,8 @@ export interface RunOptions {
   readonly runDir: string
   /** A checkpoint directory whose weights replace model.path / model.init. */
   readonly resumeFrom?: string
+  /** A PEFT adapter to attach over `model` (model.lora must match it): evaluating a LoRA run's checkpoint. */
+  readonly adapterDir?: string
   readonly trainRows: number
 }
 
@@ -205,7 +207,16 @@ const checkpointerLayer = (c: RunConfig, runDir: string) =>
     Checkpointer.Checkpointer,
     Effect.gen(function* () {
       const tok = yield* Tokenizer
-      return Checkpointer.make({ runDir, keepN: c.checkpoint.keep_n, tokenizer: tok.impl })
+      const lora = PolicyModel.loraOptions(c.model.lora)
+      // a LoRA run's checkpoints hold its adapter alone, over the run's own base (`model`)
+      return Checkpointer.make({
+        runDir,
+        keepN: c.checkpoint.keep_n,
+        tokenizer: tok.impl,
+        ...(lora === undefined
+          ? {}
+          : { lora, weights: "adapter", ...(c.model.path === undefined ? {} : { baseModelPath: c.model.path }) })
+      })
     })
   )
 
@@ -214,8 +225,13 @@ export const training = (c: RunConfig, options: RunOptions) =>
   Layer.unwrap(
     Effect.gen(function* () {
       const backend = yield* TensorBackend.initialise(c.backend)
-      const modelConfig = options.resumeFrom === undefined ? c.model : { path: options.resumeFrom, lora: c.model.lora }
-      const policy = PolicyModel.layer(modelConfig)
+      // resuming: the checkpoint's weights, or for a LoRA run the run's base with the checkpoint's adapter
+      const policy =
+        options.resumeFrom === undefined
+          ? PolicyModel.layer(c.model, options.adapterDir === undefined ? {} : { adapterDir: options.adapterDir })
+          : c.model.lora.rank > 0
+            ? PolicyModel.layer(c.model, { adapterDir: Checkpointer.adapterDir(options.resumeFrom) })
+            : PolicyModel.layer({ path: options.resumeFrom, lora: c.model.lora })
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const engine = inference(c, options.runDir)
       const weightSync = yield* weightSyncOf(c, options.runDir)
