@@ -1,12 +1,14 @@
 /**
  * `serve --model DIR [--host 127.0.0.1] [--port 8000] [--token-env EFFECT_RL_SERVE_TOKEN] [--watch DIR]
- * [--max-model-len N] [--max-request-bytes B] [--max-n N] [--enable-lora [--max-loras N]]`: an OpenAI-compatible
+ * [--max-model-len N] [--max-request-bytes B] [--max-n N] [--enable-lora [--max-loras N]] [--enable-weight-reload]`: an OpenAI-compatible
  * inference server over a HF checkpoint directory (composed in layers/Serve.ts: a LocalEngine inside; routes, wire
  * shapes and request limits in inference/OpenAiServer.ts). `POST /v1/weights` takes new weights from a trainer
  * (sync/HttpWeightSync.ts) and is open only when the environment variable named by `--token-env` holds a token;
  * `--watch DIR` also loads the versions a FileWeightSync writes there. `--enable-lora` (or vLLM's
  * `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in the environment) opens vLLM's `/v1/load_lora_adapter` and
- * `/v1/unload_lora_adapter`.
+ * `/v1/unload_lora_adapter`. `--enable-weight-reload` (or vLLM's `VLLM_SERVER_DEV_MODE=1`) opens vLLM's and SGLang's
+ * weight-update endpoints (inference/DialectRoutes.ts), so a run with `generator.engine.dialect: vllm | sglang` can
+ * use this server in place of either.
  * Binds 127.0.0.1 unless told otherwise. The last stdout line, once listening, is
  * `{"event":"listening","url":"http://HOST:PORT"}`; it runs until SIGINT/SIGTERM.
  */
@@ -49,6 +51,12 @@ export const command = Command.make(
         "open POST /v1/load_lora_adapter and /v1/unload_lora_adapter (also: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
       )
     ),
+    enableWeightReload: Flag.Boolean("enable-weight-reload").pipe(
+      Flag.withDefault(false),
+      Flag.withDescription(
+        "open vLLM's (/pause, /collective_rpc reload_weights, /resume, …) and SGLang's (/update_weights_from_disk, …) weight-update endpoints (also: VLLM_SERVER_DEV_MODE=1)"
+      )
+    ),
     maxLoras: Flag.Int("max-loras").pipe(
       Flag.optional,
       Flag.withDescription("the most LoRA adapters held at once; further loads are refused (default: no limit)")
@@ -69,6 +77,7 @@ export const command = Command.make(
     maxRequestBytes,
     maxN,
     enableLora,
+    enableWeightReload,
     maxLoras,
     backend
   }) =>
@@ -82,6 +91,8 @@ export const command = Command.make(
         // vLLM reads the variable as "1" or "true", any case
         const runtimeLora = yield* Config.option(Config.String("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
         const loraFromEnv = Option.isSome(runtimeLora) && ["1", "true"].includes(runtimeLora.value.trim().toLowerCase())
+        const devMode = yield* Config.option(Config.String("VLLM_SERVER_DEV_MODE"))
+        const reloadFromEnv = Option.isSome(devMode) && ["1", "true"].includes(devMode.value.trim().toLowerCase())
         const url = yield* Serve.start({
           model,
           host,
@@ -90,6 +101,7 @@ export const command = Command.make(
           maxBatch,
           maxN,
           enableLora: enableLora || loraFromEnv,
+          weightReload: enableWeightReload || reloadFromEnv,
           ...(Option.isSome(maxLoras) ? { maxLoras: maxLoras.value } : {}),
           ...(Option.isSome(watch) ? { watch: watch.value } : {}),
           ...(Option.isSome(maxModelLen) ? { maxModelLen: maxModelLen.value } : {}),

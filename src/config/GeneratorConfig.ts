@@ -9,10 +9,22 @@ export const SamplingConfig = Schema.Struct({
 })
 export type SamplingConfig = typeof SamplingConfig.Type
 
-/** Where generation runs: in-process, in a worker thread, or on an OpenAI-compatible server (ours or vLLM). */
+/**
+ * Where generation runs: in-process, in a worker thread, or on OpenAI-compatible servers (ours, vLLM or SGLang;
+ * inference/RemoteEngine.ts).
+ */
 export const EngineConfig = Schema.Struct({
   kind: Schema.Literals(["local", "worker", "remote"]).pipe(withDefault("local")),
   url: Schema.optionalKey(Schema.NonEmptyString),
+  // remote: several replicas (with or instead of url); a trajectory's turns stay on one, a replica that fails is
+  // taken out and its calls go on at another, and it is let back in on the current weights when healthy
+  urls: Schema.optionalKey(Schema.Array(Schema.NonEmptyString).check(Schema.isMinLength(1))),
+  // remote with http sync: how full weights reach the servers (inference/WeightDialect.ts): effect-rl uploads to
+  // serve's /v1/weights (weight_token); vllm and sglang write a HF directory per version under weights_dir and drive
+  // the servers' reload endpoints
+  dialect: Schema.Literals(["effect-rl", "vllm", "sglang"]).pipe(withDefault("effect-rl")),
+  weights_dir: Schema.optionalKey(Schema.NonEmptyString), // default RUN_DIR/weights-hf; the servers read the same path
+  request_timeout_seconds: PositiveInt.pipe(withDefault(600)), // remote: a call with no answer by then fails over
   model_name: Schema.optionalKey(Schema.String),
   api_key: Schema.optionalKey(SecretRef),
   weight_token: Schema.optionalKey(SecretRef), // remote: the env var holding `serve`'s /v1/weights token (http sync)

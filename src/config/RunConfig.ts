@@ -38,9 +38,10 @@ const Sections = Schema.Struct({
   Schema.makeFilter(
     (c) =>
       c.generator.engine.kind !== "remote" ||
-      c.generator.engine.url !== undefined || {
+      c.generator.engine.url !== undefined ||
+      c.generator.engine.urls !== undefined || {
         path: ["generator", "engine", "url"],
-        issue: "engine.kind remote needs engine.url"
+        issue: "engine.kind remote needs engine.url (or engine.urls)"
       }
   ),
   Schema.makeFilter(

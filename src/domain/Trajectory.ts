@@ -28,6 +28,8 @@ export const Turn = Schema.Struct({
   toolCalls: Schema.Array(ToolCallRecord),
   parseError: Schema.optionalKey(Schema.String),
   observationTokens: Schema.Int, // template + observation tokens appended after this turn (lossMask 0)
+  // each move of the turn's call to another inference replica (one that failed or was taken out), with the reason
+  retries: Schema.optionalKey(Schema.Array(Schema.String)),
   llmMs: Schema.Finite,
   envMs: Schema.Finite
 })

@@ -15,6 +15,8 @@
  * generation, its ids cut at the limit; an observation that would push the context past it is cut at the limit and
  * ends the trajectory `overlong` (the turn's `observationTokens` counts what was kept).
  * Token arrays are appended in loops, never spread into a call: a 150K-token prompt would overflow the stack.
+ * Each call names its trajectory (`trajectoryId` `<uid>/<sample>`), so an engine with several replicas keeps the
+ * trajectory's turns on one; a turn whose call moved to another replica records each move and its reason (`retries`).
  *
  * Each turn's reward sits on its last generated token. Each turn records the policy versions that produced its first
  * and last token (weights may be swapped mid-turn by an async trainer).
@@ -125,7 +127,13 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         }
         const llmStart = yield* Clock.currentTimeMillis
         const [result] = yield* engine
-          .generate([{ promptIds: stepWise ? stepContext : promptIds.concat(responseIds), sampling }])
+          .generate([
+            {
+              promptIds: stepWise ? stepContext : promptIds.concat(responseIds),
+              sampling,
+              trajectoryId: `${uid}/${sample}`
+            }
+          ])
           .pipe(Effect.retry({ schedule: inferenceRetry, while: (e: InferenceError) => e.isRetryable }))
         const llmMs = (yield* Clock.currentTimeMillis) - llmStart
         const start = responseIds.length
@@ -142,6 +150,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
           finishReason: result!.finishReason,
           policyVersionFirst: result!.policyVersionFirst,
           policyVersionLast: result!.policyVersionLast,
+          ...(result!.retries === undefined ? {} : { retries: result!.retries }),
           llmMs
         }
 

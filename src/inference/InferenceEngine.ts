@@ -23,6 +23,8 @@ export interface SamplingParams {
 export interface GenerateRequest {
   readonly promptIds: ReadonlyArray<number>
   readonly sampling: SamplingParams
+  /** The trajectory this call is a turn of: engines with several replicas keep a trajectory's turns on one. */
+  readonly trajectoryId?: string
 }
 
 export interface GenerateResult {
@@ -31,6 +33,8 @@ export interface GenerateResult {
   readonly finishReason: FinishReason
   readonly policyVersionFirst: PolicyVersion
   readonly policyVersionLast: PolicyVersion
+  /** Each move of the call to another replica (one that failed or was taken out), with its reason; absent: none. */
+  readonly retries?: ReadonlyArray<string>
 }
 
 export class InferenceEngine extends Context.Service<

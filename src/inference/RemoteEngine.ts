@@ -1,6 +1,6 @@
 /**
- * The inference engine over HTTP: an OpenAI-compatible `/v1/completions` server — our `serve` or vLLM — token ids in,
- * token ids + behaviour log-probs out, never re-tokenised.
+ * The inference engine over HTTP: one or more OpenAI-compatible `/v1/completions` servers ("replicas": our `serve`,
+ * vLLM or SGLang), token ids in, token ids + behaviour log-probs out, never re-tokenised.
  *
  * Each GenerateRequest is one completions call (the server batches concurrent calls itself), for the model given or
  * else the first one `/v1/models` lists, sent as vLLM expects:
@@ -12,54 +12,81 @@
  * Behaviour log-probs from vLLM are comparable to the trainer's only when vLLM runs with
  * `--logprobs-mode processed_logprobs` (its default is raw logits' log-softmax, before temperature).
  *
- * Versions: our server reports `policy_version_first/last` per choice; for servers that do not (vLLM) both are the
- * version this engine knows at the start and end of the call. A choice that comes back `finish_reason: "abort"` (a
+ * Versions: our server reports `policy_version_first/last` per choice; for servers that do not (vLLM, SGLang) both are
+ * the version this engine knows at the start and end of the call. A choice that comes back `finish_reason: "abort"` (a
  * server paused with mode abort while the trainer syncs weights) is resumed as SkyRL does: the request is sent
  * again with the tokens so far appended to the prompt and the remaining budget, and the parts are joined.
  *
- * Weights: with a `weightToken`, `updateWeights` uploads the snapshot to `/v1/weights` (WeightUpload.ts); a
- * tensor-less snapshot — or any snapshot when no token is configured, i.e. the server manages its own weights
- * (vLLM with its own weight transfer) — only advances the version this engine reports.
- * `pause`/`resume` hold new calls on the client side (calls in flight finish on the server).
+ * Replicas (`urls`): a request naming a trajectory (`trajectoryId`) goes to the replica that trajectory's earlier
+ * turns went to (sticky, so the server's prefix cache holds its context); a new trajectory goes to the replica with
+ * the fewest calls in flight. A replica whose call fails for good (no connection, no answer in `timeout`, 429/503 after
+ * `maxRetries` retries) is taken out, and the call — with the tokens it has so far — goes on at another replica: the
+ * result lists each move in `retries` (the replica and the reason), which the agent loop records on the turn. Replicas
+ * taken out are probed (`GET /health` every `healthInterval`); one that answers is brought to the current weights
+ * and version, checked, and let back in. With no replica in, calls wait for one (up to `timeout`).
+ *
+ * Weights (`dialect`, inference/WeightDialect.ts has the wire): a version's full tensors reach every replica in, all
+ * paused, before any resumes, and each replica's served version is then read back and checked (a replica that
+ * disagrees is taken out):
+ * - `effect-rl` with a `weightToken`: uploaded to each replica's `/v1/weights` (WeightUpload.ts);
+ * - `vllm` / `sglang`: written once as a HF directory `<weightsDir>/v<version>` (HfWeightDir.ts; the servers must read
+ *   the same path), then each replica is paused (`pauseMode`), told to reload from it, its cache reset, resumed.
+ * A tensor-less snapshot only advances the version (the weights went another way: HttpWeightSync, `serve --watch`).
+ * A snapshot with tensors and no way to send them fails (it used to advance the version only, leaving the server on
+ * the step-0 weights forever). `pause`/`resume` hold new calls on the client side.
  *
  * LoRA (`lora`): a snapshot carrying an adapter is written as a PEFT directory `<lora.dir>/v<version, 6 digits>`
- * (which the server must be able to read), loaded with vLLM's runtime LoRA API (`POST /v1/load_lora_adapter
- * {lora_name: "<prefix>-v<version>", lora_path}`; our `serve --enable-lora` or vLLM with `--enable-lora` and
- * `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), and calls from then on name it as their `model`; calls in flight keep the
- * adapter they started with. Then every adapter but the newest `lora.keep` is unloaded (`/v1/unload_lora_adapter`)
- * and its directory deleted. A call's policy versions are its adapter's version: exact, since that adapter sampled
- * every token of it. Re-publishing a version loads it again in place (`load_inplace`).
+ * (which the servers must be able to read), loaded on every replica with vLLM's runtime LoRA API (`POST
+ * /v1/load_lora_adapter {lora_name: "<prefix>-v<version>", lora_path}`; our `serve --enable-lora` or vLLM with
+ * `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), and calls from then on name it as their `model`;
+ * calls in flight keep the adapter they started with. Then every adapter but the newest `lora.keep` is unloaded
+ * (`/v1/unload_lora_adapter`) and its directory deleted. A call's policy versions are its adapter's version: exact,
+ * since that adapter sampled every token of it. Re-publishing a version loads it again in place (`load_inplace`).
  *
  * Failures: no connection, timeouts, 429/503 are `InferenceError` Unreachable/Overloaded (retryable, retried with
  * backoff `maxRetries` times); other statuses and malformed bodies are BadResponse (4xx) or Internal (5xx).
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import { Clock, Duration, Effect, Latch, Layer, Schedule } from "effect"
+import { Clock, Duration, Effect, Latch, Layer, Schedule, Semaphore } from "effect"
 import { FetchHttpClient, HttpClient, HttpClientRequest } from "effect/http"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
-import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as Lora from "../model/Lora.ts"
+import * as HfWeightDir from "./HfWeightDir.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import * as WeightDialect from "./WeightDialect.ts"
 import * as WeightUpload from "./WeightUpload.ts"
 
 export interface RemoteEngineOptions {
   /** Base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted). */
-  readonly url: string
+  readonly url?: string
+  /** Several replicas' base URLs (with or instead of `url`). */
+  readonly urls?: ReadonlyArray<string>
   /** The `model` sent with each request (vLLM checks it against its served model name); default: the first of
    * the server's `/v1/models`. */
   readonly model?: string
-  /** Sent as `Authorization: Bearer` on completions (vLLM `--api-key`). */
+  /** Sent as `Authorization: Bearer` on completions and control routes (vLLM `--api-key`). */
   readonly apiKey?: string
-  /** The server's weight token: when set, `updateWeights` uploads snapshots to `/v1/weights`. */
+  /** How full weights reach the servers (see the module header); default effect-rl. */
+  readonly dialect?: WeightDialect.Dialect
+  /** effect-rl: the servers' weight token; `updateWeights` uploads snapshots to `/v1/weights`. */
   readonly weightToken?: string
   readonly chunkBytes?: number
+  /** vllm / sglang: where each version's HF directory is written (a path the servers read as it is). */
+  readonly weightsDir?: string
+  /** vllm / sglang: the model's HF config.json, written beside the weights. */
+  readonly hfConfig?: Readonly<Record<string, unknown>>
+  /** vllm / sglang: how the servers hold generation while weights change (pipeline.pause_mode); default keep. */
+  readonly pauseMode?: WeightDialect.PauseMode
   /** Retries of a retryable failure; default 3. */
   readonly maxRetries?: number
   /** Per completions call; default 10 minutes. */
   readonly timeout?: Duration.Input
+  /** How often replicas taken out are probed; default 2 seconds. */
+  readonly healthInterval?: Duration.Input
   readonly initialVersion?: PolicyVersion.PolicyVersion
   /** Continuations of an aborted choice before giving up (Overloaded); default 8. */
   readonly maxResumes?: number
@@ -72,7 +99,7 @@ export interface RemoteEngineOptions {
     /** Adapters are named `<prefix>-v<version>`; default "policy". */
     readonly prefix?: string
   }
-  /** Called after each adapter sync with the bytes written and its wall time. */
+  /** Called after each sync with the bytes written (or sent) and its wall time. */
   readonly onSynced?: (timing: { readonly version: number; readonly bytes: number; readonly seconds: number }) => void
 }
 
@@ -165,14 +192,48 @@ const servedModel = (client: HttpClient.HttpClient, base: string, apiKey: string
     Effect.retry({ times: 3, schedule: Schedule.exponential("200 millis"), while: (e) => e.isRetryable })
   )
 
+/** One server of the engine, and what the engine knows of it. */
+interface Replica {
+  readonly index: number
+  readonly target: WeightDialect.Target
+  /** Taken in: calls are routed to it. */
+  up: boolean
+  /** Why it was taken out, while out. */
+  reason: string | undefined
+  /** Calls in flight to it. */
+  inFlight: number
+  /** The newest version sent to it (full weights or adapter). */
+  version: number
+}
+
+/** Sticky routes kept: trajectories finish and are never named again; the oldest entries go first. */
+const maxStickyRoutes = 16_384
+
 export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   const client = yield* HttpClient.HttpClient
-  const base = WeightUpload.baseUrl(options.url)
+  const urls = [...(options.url === undefined ? [] : [options.url]), ...(options.urls ?? [])].map(WeightUpload.baseUrl)
+  if (urls.length === 0) return yield* error("BadResponse", "RemoteEngine needs a url")
+  const dialect = options.dialect ?? "effect-rl"
   const timeout = Duration.fromInputUnsafe(options.timeout ?? Duration.minutes(10))
+  const healthInterval = Duration.fromInputUnsafe(options.healthInterval ?? Duration.seconds(2))
   const maxResumes = options.maxResumes ?? 8
+  const withClient = Effect.provideService(HttpClient.HttpClient, client)
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
+  const replicas: Array<Replica> = [...new Set(urls)].map((base, index) => ({
+    index,
+    target: { base, apiKey: options.apiKey },
+    up: true,
+    reason: undefined,
+    inFlight: 0,
+    version
+  }))
   const notPaused = yield* Latch.make(true)
-  const baseModel = options.model ?? (yield* servedModel(client, base, options.apiKey))
+  /** One weight change at a time: a version's update, or a replica brought back to the current one. */
+  const syncing = yield* Semaphore.make(1)
+  /** The newest full weights sent, to bring a returning replica up to date: a HF directory, or (effect-rl) tensors. */
+  let currentWeights: { readonly dir: string } | { readonly snapshot: WeightSnapshot.WeightSnapshot } | undefined
+  const sticky = new Map<string, Replica>()
+  const baseModel = options.model ?? (yield* servedModel(client, replicas[0]!.target.base, options.apiKey))
   /** The model new calls name: the base, or the newest adapter loaded. */
   let model = baseModel
   /** The adapters loaded by this engine, oldest first. */
@@ -190,9 +251,49 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       })
     )
 
-  /** One completions call for `name`, retried while the failure is retryable. */
-  const complete = (name: string, request: GenerateRequest) =>
+  const takeOut = (replica: Replica, reason: string) =>
+    Effect.suspend(() => {
+      if (!replica.up) return Effect.void
+      replica.up = false
+      replica.reason = reason
+      return Effect.logWarning(`replica ${replica.target.base} taken out: ${reason}`)
+    })
+
+  /** The replica for a call: the trajectory's own while it is in, else the least loaded in; waits while none is. */
+  const route = (trajectoryId: string | undefined) =>
     Effect.gen(function* () {
+      const deadline = (yield* Clock.currentTimeMillis) + Duration.toMillis(timeout)
+      for (;;) {
+        const own = trajectoryId === undefined ? undefined : sticky.get(trajectoryId)
+        if (own?.up === true) return { replica: own, moved: undefined }
+        const candidates = replicas.filter((r) => r.up)
+        if (candidates.length > 0) {
+          const replica = candidates.reduce((best, r) => (r.inFlight < best.inFlight ? r : best))
+          if (trajectoryId !== undefined) {
+            sticky.delete(trajectoryId)
+            sticky.set(trajectoryId, replica)
+            if (sticky.size > maxStickyRoutes) sticky.delete(sticky.keys().next().value!)
+          }
+          const moved = own === undefined ? undefined : `replica ${own.target.base} out: ${own.reason ?? "down"}`
+          return { replica, moved }
+        }
+        if ((yield* Clock.currentTimeMillis) > deadline) {
+          return yield* error("Unreachable", `no replica in for ${Duration.format(timeout)}: ${outReasons()}`)
+        }
+        yield* Effect.sleep("100 millis")
+      }
+    })
+
+  const outReasons = () =>
+    replicas
+      .filter((r) => !r.up)
+      .map((r) => `${r.target.base} (${r.reason ?? "down"})`)
+      .join(", ")
+
+  /** One completions call for `name` on `replica`, retried while the failure is retryable. */
+  const complete = (replica: Replica, name: string, request: GenerateRequest) =>
+    Effect.gen(function* () {
+      const base = replica.target.base
       const http = HttpClientRequest.post(`${base}/v1/completions`).pipe(
         options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
         HttpClientRequest.bodyJsonUnsafe(requestBody(name, request))
@@ -212,12 +313,13 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
     }).pipe(
       Effect.timeoutOrElse({
         duration: timeout,
-        orElse: () => Effect.fail(error("Unreachable", `${base}: no answer in ${Duration.format(timeout)}`))
+        orElse: () =>
+          Effect.fail(error("Unreachable", `${replica.target.base}: no answer in ${Duration.format(timeout)}`))
       }),
       retry
     )
 
-  /** One request, resumed after aborts, all on the model named when it started. */
+  /** One request, resumed after aborts and failovers, all on the model named when it started. */
   const generateOne = (request: GenerateRequest) =>
     Effect.gen(function* () {
       const name = model
@@ -225,15 +327,37 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       const startVersion = version
       const tokens: Array<number> = []
       const logprobs: Array<number> = []
+      const retries: Array<string> = []
       let first: number | undefined
       let last: number | undefined
-      for (let attempt = 0; ; attempt++) {
+      let aborts = 0
+      for (;;) {
         yield* notPaused.await
+        const { replica, moved } = yield* route(request.trajectoryId)
+        if (moved !== undefined) retries.push(moved)
         const remaining = request.sampling.maxNewTokens - tokens.length
-        const choice = yield* complete(name, {
+        replica.inFlight++
+        const outcome = yield* complete(replica, name, {
           promptIds: request.promptIds.concat(tokens),
           sampling: { ...request.sampling, maxNewTokens: remaining }
-        })
+        }).pipe(
+          Effect.ensuring(Effect.sync(() => replica.inFlight--)),
+          Effect.map((choice) => ({ choice, failed: undefined })),
+          // a replica that cannot answer is taken out and the call goes on elsewhere; other failures are the call's
+          Effect.catchIf(
+            (e) => e.isRetryable && replicas.length > 1,
+            (e) => Effect.succeed({ choice: undefined, failed: e.message })
+          )
+        )
+        if (outcome.choice === undefined) {
+          yield* takeOut(replica, outcome.failed!)
+          retries.push(`replica ${replica.target.base} failed: ${outcome.failed!}`)
+          if (retries.length > 4 * replicas.length) {
+            return yield* error("Unreachable", `moved ${retries.length} times: ${retries.join("; ")}`)
+          }
+          continue
+        }
+        const choice = outcome.choice
         if (tokens.length === 0 || first === undefined) first = choice.versionFirst
         // a loop, not push(...): a server's answer may be long enough to overflow the stack as call arguments
         for (const t of choice.tokens) tokens.push(t)
@@ -246,10 +370,11 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
             logprobs,
             finishReason: finished ?? "length",
             policyVersionFirst: adapterVersion ?? PolicyVersion.make(first ?? startVersion),
-            policyVersionLast: adapterVersion ?? PolicyVersion.make(last ?? version)
+            policyVersionLast: adapterVersion ?? PolicyVersion.make(last ?? version),
+            ...(retries.length === 0 ? {} : { retries })
           } satisfies GenerateResult
         }
-        if (attempt >= maxResumes) return yield* error("Overloaded", `aborted ${attempt + 1} times by the server`)
+        if (aborts++ >= maxResumes) return yield* error("Overloaded", `aborted ${aborts} times by the server`)
       }
     })
 
@@ -259,10 +384,11 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
     return yield* Effect.forEach(requests, generateOne, { concurrency: "unbounded" })
   })
 
-  /** POST a JSON body to one of the server's LoRA routes; the status and the body's text. */
-  const postLora = (route: string, body: unknown) =>
+  /** POST a JSON body to one of a replica's LoRA routes; the status and the body's text. */
+  const postLora = (replica: Replica, route: string, body: unknown) =>
     retry(
       Effect.gen(function* () {
+        const base = replica.target.base
         const http = HttpClientRequest.post(`${base}${route}`).pipe(
           options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
           HttpClientRequest.bodyJsonUnsafe(body)
@@ -272,14 +398,39 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         if (response.status === 429 || response.status >= 500) return yield* statusError(response.status, text)
         return { status: response.status, text }
       }).pipe(
-        Effect.catchTag("HttpClientError", (e) => Effect.fail(error("Unreachable", `${base}${route}: ${e.message}`)))
+        Effect.catchTag("HttpClientError", (e) =>
+          Effect.fail(error("Unreachable", `${replica.target.base}${route}: ${e.message}`))
+        )
       )
     )
 
-  /** Load the snapshot's adapter as `<prefix>-v<version>`, name it in new calls, drop all but the newest `keep`. */
+  /** Load adapter `name` from `dir` on one replica (in place when `republished`, or when it kept the name). */
+  const loadAdapter = (replica: Replica, name: string, dir: string, republished: boolean) =>
+    Effect.gen(function* () {
+      const load = (inplace: boolean) =>
+        postLora(replica, "/v1/load_lora_adapter", {
+          lora_name: name,
+          lora_path: dir,
+          ...(inplace ? { load_inplace: true } : {})
+        })
+      let loaded = yield* load(republished)
+      // a server that kept this name from an earlier run (or from before it was taken out): replace it
+      if (loaded.status === 400 && !republished && loaded.text.includes("has already been loaded"))
+        loaded = yield* load(true)
+      if (loaded.status !== 200) {
+        return yield* error(
+          "BadResponse",
+          `loading adapter ${name}: ${statusError(loaded.status, loaded.text).message}`
+        )
+      }
+    })
+
+  /** Load the snapshot's adapter as `<prefix>-v<version>` everywhere, name it in new calls, keep the newest `keep`. */
   const syncAdapter = (
     lora: NonNullable<RemoteEngineOptions["lora"]>,
-    snapshot: WeightSnapshot & { readonly adapter: NonNullable<WeightSnapshot["adapter"]> }
+    snapshot: WeightSnapshot.WeightSnapshot & {
+      readonly adapter: NonNullable<WeightSnapshot.WeightSnapshot["adapter"]>
+    }
   ) =>
     Effect.gen(function* () {
       const startedAt = yield* Clock.currentTimeMillis
@@ -290,64 +441,195 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         catch: (cause) =>
           error("Internal", `cannot write adapter v${snapshot.version} to ${dir}: ${(cause as Error).message}`)
       })
-      const load = (inplace: boolean) =>
-        postLora("/v1/load_lora_adapter", {
-          lora_name: name,
-          lora_path: dir,
-          ...(inplace ? { load_inplace: true } : {})
-        })
       const republished = adapters.some((a) => a.name === name)
-      let loaded = yield* load(republished)
-      // a server that kept this name from an earlier run: replace it
-      if (loaded.status === 400 && !republished && loaded.text.includes("has already been loaded"))
-        loaded = yield* load(true)
-      if (loaded.status !== 200) {
-        return yield* error(
-          "BadResponse",
-          `loading adapter ${name}: ${statusError(loaded.status, loaded.text).message}`
-        )
-      }
+      yield* onEveryReplica((replica) => loadAdapter(replica, name, dir, republished))
       model = name
       if (!republished) adapters.push({ name, version: snapshot.version, dir })
       while (adapters.length > Math.max(1, lora.keep)) {
         const old = adapters.shift()!
-        const unloaded = yield* postLora("/v1/unload_lora_adapter", { lora_name: old.name })
-        // 404: the server no longer has it (restarted), which is what unloading wants
-        if (unloaded.status !== 200 && unloaded.status !== 404) {
-          return yield* error(
-            "BadResponse",
-            `unloading adapter ${old.name}: ${statusError(unloaded.status, unloaded.text).message}`
-          )
-        }
+        yield* onEveryReplica((replica) =>
+          Effect.gen(function* () {
+            const unloaded = yield* postLora(replica, "/v1/unload_lora_adapter", { lora_name: old.name })
+            // 404: the server no longer has it (restarted), which is what unloading wants
+            if (unloaded.status !== 200 && unloaded.status !== 404) {
+              return yield* error(
+                "BadResponse",
+                `unloading adapter ${old.name}: ${statusError(unloaded.status, unloaded.text).message}`
+              )
+            }
+          })
+        )
         yield* Effect.promise(() => fs.rm(old.dir, { recursive: true, force: true }))
       }
       const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
       options.onSynced?.({ version: snapshot.version, bytes, seconds })
     })
 
-  const updateWeights = Effect.fn("RemoteEngine.updateWeights")(function* (snapshot: WeightSnapshot) {
+  /**
+   * Run `f` on every replica in, in parallel. With one replica its failure is the caller's; with several, a replica
+   * that fails for good is taken out (it is brought up to date when it returns) unless none is left.
+   */
+  const onEveryReplica = (f: (replica: Replica) => Effect.Effect<void, InferenceError>) =>
+    Effect.gen(function* () {
+      const inNow = replicas.filter((r) => r.up)
+      if (replicas.length === 1) return yield* f(replicas[0]!)
+      const failures = yield* Effect.forEach(
+        inNow,
+        (replica) =>
+          f(replica).pipe(
+            Effect.as(undefined),
+            Effect.catch((e: InferenceError) => Effect.succeed({ replica, e }))
+          ),
+        { concurrency: "unbounded" }
+      )
+      for (const failure of failures) if (failure !== undefined) yield* takeOut(failure.replica, failure.e.message)
+      if (inNow.length > 0 && replicas.every((r) => !r.up)) {
+        return yield* error("Unreachable", `no replica took the update: ${outReasons()}`)
+      }
+    })
+
+  /** Send the newest full weights to one paused-or-idle replica and label them `target`. */
+  const sendWeights = (replica: Replica, target: number) =>
+    Effect.gen(function* () {
+      const weights = currentWeights
+      if (weights === undefined) return
+      if ("dir" in weights) {
+        yield* WeightDialect.loadFromDisk(dialect as "vllm" | "sglang", replica.target, weights.dir, target)
+        return
+      }
+      yield* WeightUpload.upload(
+        {
+          url: replica.target.base,
+          token: options.weightToken!,
+          ...(options.chunkBytes === undefined ? {} : { chunkBytes: options.chunkBytes })
+        },
+        weights.snapshot
+      ).pipe(Effect.mapError((e) => error("BadResponse", e.message)))
+    }).pipe(withClient)
+
+  /** The replica's served version against `expected`: a disagreement fails (undefined: the server cannot say). */
+  const checkVersion = (replica: Replica, expected: number) =>
+    Effect.gen(function* () {
+      const served = yield* WeightDialect.servedVersion(dialect, replica.target).pipe(withClient)
+      if (served !== undefined && served !== expected) {
+        return yield* error("BadResponse", `serves version ${served}, expected ${expected}`)
+      }
+      replica.version = expected
+    })
+
+  /** Wait until no call of this engine is in flight to the replica (pause mode wait). */
+  const drained = (replica: Replica) =>
+    Effect.gen(function* () {
+      while (replica.inFlight > 0) yield* Effect.sleep("20 millis")
+    })
+
+  /** Full weights to every replica in: all paused, all loaded and checked, then all resumed. */
+  const syncFull = (snapshot: WeightSnapshot.WeightSnapshot) =>
+    Effect.gen(function* () {
+      const startedAt = yield* Clock.currentTimeMillis
+      let bytes = WeightSnapshot.byteSize(snapshot)
+      if (dialect === "effect-rl") {
+        if (options.weightToken === undefined) {
+          return yield* error(
+            "Internal",
+            `weights v${snapshot.version} cannot reach the server: dialect effect-rl needs a weight token ` +
+              `(generator.engine.weight_token), or choose dialect vllm or sglang`
+          )
+        }
+        currentWeights = { snapshot }
+      } else {
+        if (options.weightsDir === undefined) {
+          return yield* error("Internal", `weights v${snapshot.version}: dialect ${dialect} needs a weights directory`)
+        }
+        const written = yield* Effect.tryPromise({
+          try: () =>
+            HfWeightDir.write(options.weightsDir!, snapshot, {
+              ...(options.hfConfig === undefined ? {} : { config: options.hfConfig })
+            }),
+          catch: (cause) => error("Internal", `cannot write weights v${snapshot.version}: ${(cause as Error).message}`)
+        })
+        currentWeights = { dir: written.dir }
+        bytes = written.bytes
+      }
+      const mode = options.pauseMode ?? "keep"
+      yield* Effect.acquireUseRelease(
+        notPaused.close,
+        () =>
+          Effect.gen(function* () {
+            yield* onEveryReplica((replica) =>
+              Effect.gen(function* () {
+                if (mode === "wait") yield* drained(replica)
+                yield* WeightDialect.pause(dialect, replica.target, mode).pipe(withClient)
+              })
+            )
+            yield* onEveryReplica((replica) =>
+              Effect.andThen(sendWeights(replica, snapshot.version), checkVersion(replica, snapshot.version))
+            )
+          }),
+        // every replica is resumed, also after a failure (one taken out is resumed when it returns)
+        () =>
+          Effect.andThen(
+            Effect.forEach(
+              replicas.filter((r) => r.up),
+              (replica) => WeightDialect.resume(dialect, replica.target).pipe(withClient, Effect.ignore),
+              { concurrency: "unbounded", discard: true }
+            ),
+            notPaused.open
+          )
+      )
+      const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
+      options.onSynced?.({ version: snapshot.version, bytes, seconds })
+    })
+
+  const updateWeights = Effect.fn("RemoteEngine.updateWeights")(function* (snapshot: WeightSnapshot.WeightSnapshot) {
     if (snapshot.version < version) {
       return yield* Effect.die(
         new Error(`RemoteEngine.updateWeights: version ${snapshot.version} is older than ${version}`)
       )
     }
-    const adapter = snapshot.adapter
-    if (adapter !== undefined && options.lora !== undefined) yield* syncAdapter(options.lora, { ...snapshot, adapter })
-    if (snapshot.names.length > 0 && options.weightToken !== undefined) {
-      yield* WeightUpload.upload(
-        {
-          url: base,
-          token: options.weightToken,
-          ...(options.chunkBytes === undefined ? {} : { chunkBytes: options.chunkBytes })
-        },
-        snapshot
-      ).pipe(
-        Effect.provideService(HttpClient.HttpClient, client),
-        Effect.mapError((e) => error("BadResponse", e.message))
-      )
-    }
-    version = snapshot.version
+    yield* syncing.withPermit(
+      Effect.gen(function* () {
+        const adapter = snapshot.adapter
+        if (adapter !== undefined && options.lora !== undefined)
+          yield* syncAdapter(options.lora, { ...snapshot, adapter })
+        if (snapshot.names.length > 0) yield* syncFull(snapshot)
+        version = snapshot.version
+        for (const r of replicas) if (r.up) r.version = version
+      })
+    )
   })
+
+  /** A replica taken out that answers again: brought to the current weights and version, checked, let back in. */
+  const rejoin = (replica: Replica) =>
+    syncing
+      .withPermit(
+        Effect.gen(function* () {
+          // a server that kept running while out may still be paused by an update it missed the end of
+          yield* WeightDialect.resume(dialect, replica.target).pipe(withClient, Effect.ignore)
+          yield* sendWeights(replica, version)
+          for (const a of adapters) yield* loadAdapter(replica, a.name, a.dir, false)
+          if (currentWeights !== undefined) yield* checkVersion(replica, version)
+          replica.version = version
+          replica.up = true
+          replica.reason = undefined
+          yield* Effect.logInfo(`replica ${replica.target.base} back in at version ${version}`)
+        })
+      )
+      .pipe(Effect.catch((e: InferenceError) => Effect.logWarning(`replica ${replica.target.base}: ${e.message}`)))
+
+  if (replicas.length > 1) {
+    yield* Effect.forkScoped(
+      Effect.forever(
+        Effect.gen(function* () {
+          yield* Effect.sleep(healthInterval)
+          for (const replica of replicas) {
+            if (replica.up) continue
+            if (yield* WeightDialect.healthy(replica.target).pipe(withClient)) yield* rejoin(replica)
+          }
+        })
+      )
+    )
+  }
 
   return InferenceEngine.of({
     generate,
@@ -358,6 +640,6 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
   })
 })
 
-/** Over Node's fetch. */
+/** Over Node's fetch; probes replicas taken out for as long as the layer lives. */
 export const layer = (options: RemoteEngineOptions): Layer.Layer<InferenceEngine, InferenceError> =>
   Layer.effect(InferenceEngine, make(options)).pipe(Layer.provide(FetchHttpClient.layer))

@@ -11,8 +11,10 @@
  *
  * and for `sft`: the backend, PolicyModel, Tokenizer, and SftOutput over Metrics and Checkpointer in `sft.output_dir`.
  */
+
+import * as path from "node:path"
 import { NodeServices } from "@effect/platform-node"
-import { Config, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
+import { Config, Duration, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import * as ConfigView from "../config/ConfigView.ts"
@@ -32,6 +34,7 @@ import * as RemoteEngine from "../inference/RemoteEngine.ts"
 import * as WorkerEngine from "../inference/WorkerEngine.ts"
 import * as McpClient from "../mcp/McpClient.ts"
 import * as Metrics from "../metrics/Metrics.ts"
+import * as ModelConfig from "../model/ModelConfig.ts"
 import * as TrainingLoop from "../pipeline/TrainingLoop.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
@@ -138,11 +141,23 @@ const inference = (c: RunConfig, runDir: string) => {
                   prefix: e.lora_name_prefix
                 }
               : undefined
+          // full weights through the engine (see weightSyncOf): a weights directory for vllm / sglang, the upload
+          // token for effect-rl with several replicas
+          const weightToken =
+            e.dialect === "effect-rl" && e.urls !== undefined ? yield* secret(e.weight_token) : undefined
           return yield* RemoteEngine.make({
-            url: e.url!, // weightSyncOf (run before any layer is built) checked it is set
+            // weightSyncOf (run before any layer is built) checked one of url / urls is set
+            ...(e.url === undefined ? {} : { url: e.url }),
+            ...(e.urls === undefined ? {} : { urls: e.urls }),
             ...(e.model_name === undefined ? {} : { model: e.model_name }),
             ...(apiKey === undefined ? {} : { apiKey }),
-            ...(lora === undefined ? {} : { lora })
+            ...(lora === undefined ? {} : { lora }),
+            dialect: e.dialect,
+            ...(weightToken === undefined ? {} : { weightToken }),
+            weightsDir: path.resolve(e.weights_dir ?? `${runDir}/weights-hf`),
+            hfConfig: ModelConfig.toHf(model.config),
+            pauseMode: c.pipeline.pause_mode,
+            timeout: Duration.seconds(e.request_timeout_seconds)
           }).pipe(Effect.provide(FetchHttpClient.layer))
         }
       }
@@ -161,15 +176,20 @@ const secret = (ref: { readonly env: string } | undefined) =>
  * takes its own sync, or `file` for local and remote): `inprocess` and `worker` hand versions to the engine's own
  * `updateWeights` (a local engine shares the trainer's variables, a worker engine copies), `http` uploads to `serve`'s
  * /v1/weights with `generator.engine.weight_token` (a LoRA run's adapters instead go to the remote engine, which loads
- * them with the server's runtime LoRA API), `file` writes versions under RUN_DIR/weights for a `serve --watch`.
+ * them with the server's runtime LoRA API; so do full weights in the vllm and sglang dialects, which the engine writes
+ * as HF directories and has the servers reload, and with several effect-rl replicas, which it uploads to each),
+ * `file` writes versions under RUN_DIR/weights for a `serve --watch`.
  */
 const weightSyncOf = (c: RunConfig, runDir: string) =>
   Effect.gen(function* () {
     const e = c.generator.engine
     const sync = c.pipeline.weight_sync
-    if (e.kind === "remote" && e.url === undefined) {
+    if (e.kind === "remote" && e.url === undefined && e.urls === undefined) {
       return yield* Effect.fail(
-        new ConfigError({ path: "generator.engine.url", message: "generator.engine.url is required for kind remote" })
+        new ConfigError({
+          path: "generator.engine.url",
+          message: "generator.engine.url (or generator.engine.urls) is required for kind remote"
+        })
       )
     }
     yield* PipelineConfig.checkWeightSync(sync, e.kind)
@@ -181,17 +201,20 @@ const weightSyncOf = (c: RunConfig, runDir: string) =>
       case "file":
         return FileWeightSync.layerFollowing({ dir: `${runDir}/weights` })
       case "http": {
-        // LoRA: the engine loads each adapter itself (RemoteEngine's `lora`), no /v1/weights upload
-        if (c.model.lora.rank > 0) return EngineWeightSync.layer({ weights: "copied" })
+        // LoRA: the engine loads each adapter itself (RemoteEngine's `lora`), no /v1/weights upload; vllm / sglang:
+        // the engine writes each version's HF directory and drives the servers' reload endpoints; several
+        // effect-rl replicas: the engine uploads to each
+        if (c.model.lora.rank > 0 || e.dialect !== "effect-rl") return EngineWeightSync.layer({ weights: "copied" })
         const token = yield* secret(e.weight_token)
         if (token === undefined) {
           return yield* Effect.fail(
             new ConfigError({
               path: "pipeline.weight_sync",
-              message: `pipeline.weight_sync http needs generator.engine.weight_token: { env: NAME } naming a set variable (serve --token-env)`
+              message: `pipeline.weight_sync http needs generator.engine.weight_token: { env: NAME } naming a set variable (serve --token-env), or generator.engine.dialect vllm | sglang`
             })
           )
         }
+        if (e.urls !== undefined) return EngineWeightSync.layer({ weights: "copied" })
         return HttpWeightSync.layer({ url: e.url!, token })
       }
     }

@@ -2,16 +2,18 @@
  * The composition of `serve`: a HF checkpoint directory loaded into a LocalEngine behind the OpenAI-compatible HTTP
  * app (inference/OpenAiServer.ts), with the request limits checked against the checkpoint, an optional
  * FileWeightSync watch and, with `enableLora`, LoRA adapters loaded at run time (inference/AdapterRegistry.ts: one
- * LocalEngine per adapter over the base's weights). The tensor backend must be initialised already.
+ * LocalEngine per adapter over the base's weights) and, with `weightReload`, vLLM's and SGLang's weight-update endpoints
+ * (inference/DialectRoutes.ts: reload full weights from a HF directory). The tensor backend must be initialised already.
  */
 import { createServer } from "node:http"
 import * as path from "node:path"
 import { NodeHttpServer } from "@effect/platform-node"
 import { Context, Effect, Layer } from "effect"
-import { HttpServer } from "effect/http"
+import { HttpRouter, HttpServer } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as AdapterRegistry from "../inference/AdapterRegistry.ts"
+import * as DialectRoutes from "../inference/DialectRoutes.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
@@ -42,6 +44,8 @@ export interface ServeOptions {
   readonly enableLora?: boolean
   /** With `enableLora`: the most adapters held at once; loads past it are refused. Default unbounded. */
   readonly maxLoras?: number
+  /** Open vLLM's and SGLang's weight-update endpoints (inference/DialectRoutes.ts): reload from a HF directory. */
+  readonly weightReload?: boolean
 }
 
 /** A limit flag's value: a positive integer, and `--max-model-len` within the checkpoint's positions. */
@@ -109,7 +113,7 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
           updateWeights: (snapshot) => Effect.andThen(baseEngine.updateWeights(snapshot), adapters.refresh)
         }
   if (options.watch !== undefined) yield* FileWeightSync.watch(options.watch, engine)
-  const server = OpenAiServer.layer({
+  const api = OpenAiServer.routes({
     engine,
     tokenizer,
     modelName: options.modelName ?? path.basename(path.resolve(options.model)),
@@ -119,7 +123,15 @@ export const start = Effect.fnUntraced(function* (options: ServeOptions) {
     promptLogprobs: (ids) => LogProbs.ofIds(model, ids),
     ...(options.token === undefined ? {} : { weightToken: options.token }),
     ...(adapters === undefined ? {} : { adapters })
-  }).pipe(Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host })))
+  })
+  const dialects = DialectRoutes.routes({
+    engine,
+    modelDir: path.resolve(options.model),
+    weightReload: options.weightReload === true
+  })
+  const server = HttpRouter.serve(Layer.mergeAll(api, dialects), { disableLogger: true }).pipe(
+    Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host }))
+  )
   const context = yield* Layer.build(server)
   return HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
 })
