@@ -352,6 +352,7 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         if (outcome.choice === undefined) {
           yield* takeOut(replica, outcome.failed!)
           retries.push(`replica ${replica.target.base} failed: ${outcome.failed!}`)
+          if (request.trajectoryId !== undefined) sticky.delete(request.trajectoryId) // the move is recorded here
           if (retries.length > 4 * replicas.length) {
             return yield* error("Unreachable", `moved ${retries.length} times: ${retries.join("; ")}`)
           }
