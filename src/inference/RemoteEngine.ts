@@ -28,7 +28,8 @@
  * Weights (`dialect`, inference/WeightDialect.ts has the wire): a version's full tensors reach every replica in, all
  * paused, before any resumes, and each replica's served version is then read back and checked (a replica that
  * disagrees is taken out):
- * - `effect-rl` with a `weightToken`: uploaded to each replica's `/v1/weights` (WeightUpload.ts);
+ * - `effect-rl` with a `weightToken`: uploaded to each replica's `/v1/weights` (WeightUpload.ts; the newest snapshot is
+ *   kept in memory to bring a returning replica up to date);
  * - `vllm` / `sglang`: written once as a HF directory `<weightsDir>/v<version>` (HfWeightDir.ts; the servers must read
  *   the same path), then each replica is paused (`pauseMode`), told to reload from it, its cache reset, resumed.
  * A tensor-less snapshot only advances the version (the weights went another way: HttpWeightSync, `serve --watch`).
