@@ -106,6 +106,9 @@ export const TrainerConfig = Schema.Struct({
   // stop after the first step that ends this many seconds after training began (the eval before it not counted), then
   // checkpoint and evaluate as after the last step: a wall-clock budget, e.g. the quickstart's 10 minutes on a slow box
   max_train_seconds: Schema.optionalKey(Positive),
+  // the KL reference: frozen = the starting policy, ema = a moving average of the policy (ref_ema_decay every
+  // ref_update_interval steps). With LoRA neither is a second model: frozen is the base (the same forward with the
+  // adapters off), ema a moving average of the adapters
   ref: Schema.Literals(["none", "frozen", "ema"]).pipe(withDefault("none")),
   ref_ema_decay: Probability.pipe(withDefault(0.99)),
   ref_update_interval: PositiveInt.pipe(withDefault(1)),
