@@ -65,15 +65,20 @@ for (const line of fs.readFileSync(path.join(summary.runDir, "metrics.jsonl"), "
 }
 const before = summary.evalBefore?.all
 const after = summary.evalAfter?.all
+type EvalLines = Record<string, { avg_score: number }> | undefined
 /** Per family (eval_group_by lines, `<source>/family=<f>`): held-out avg_score before, after, and the change. */
-const families: Record<string, { before: number; after: number; delta: number }> = {}
-for (const [key, value] of Object.entries(summary.evalAfter ?? {})) {
-  const family = key.split("/family=")[1]
-  const b = (summary.evalBefore as Record<string, { avg_score: number }> | undefined)?.[key]?.avg_score
-  if (family === undefined || b === undefined) continue
-  const a = (value as { avg_score: number }).avg_score
-  families[family] = { before: Number(b.toFixed(3)), after: Number(a.toFixed(3)), delta: Number((a - b).toFixed(3)) }
+const familiesOf = (before: EvalLines, after: EvalLines) => {
+  const out: Record<string, { before: number; after: number; delta: number }> = {}
+  for (const [key, value] of Object.entries(after ?? {})) {
+    const family = key.split("/family=")[1]
+    const b = before?.[key]?.avg_score
+    if (family === undefined || b === undefined) continue
+    const a = value.avg_score
+    out[family] = { before: Number(b.toFixed(3)), after: Number(a.toFixed(3)), delta: Number((a - b).toFixed(3)) }
+  }
+  return out
 }
+const families = familiesOf(summary.evalBefore as EvalLines, summary.evalAfter as EvalLines)
 const mean = (xs: Array<number>) => (xs.length === 0 ? os.loadavg()[0]! : xs.reduce((a, b) => a + b, 0) / xs.length)
 const result = {
   bench: "quickstart",
@@ -94,6 +99,22 @@ const result = {
   date: new Date().toISOString(),
   note
 }
+// a run of another config (`--out`) is reported beside the full quickstart's latest figures, family by family
+const reference = path.join(import.meta.dirname, "results", "quickstart.json")
+const beside =
+  outName !== "quickstart.json" && fs.existsSync(reference)
+    ? (() => {
+        const q = JSON.parse(fs.readFileSync(reference, "utf8")) as Record<string, unknown>
+        return {
+          file: "quickstart.json",
+          date: q["date"],
+          steps: q["steps"],
+          delta: q["delta"],
+          families: familiesOf(q["evalBefore"] as EvalLines, q["evalAfter"] as EvalLines)
+        }
+      })()
+    : undefined
+Object.assign(result, beside === undefined ? {} : { beside })
 console.log(JSON.stringify(result))
 // The file also holds what earlier runs and sessions recorded beside the latest run: those keys are kept, and every
 // bench run is appended, in short, to `benchRuns`.
