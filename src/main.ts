@@ -42,28 +42,28 @@ const reportFatal = (cause: Cause.Cause<unknown>) =>
   })
 
 /**
- * Signals, as process managers expect them: SIGINT (Ctrl-C) interrupts at once and exits 130. SIGTERM exits 143:
- * while a training loop runs, it first asks the loop to stop after its current step and checkpoint it (a second
- * SIGTERM or a SIGINT interrupts at once); any other command is interrupted at once. Interrupting releases every
+ * Signals, as process managers expect them: SIGINT (Ctrl-C) exits 130, SIGTERM 143. While a training loop runs, the
+ * first of either asks the loop to stop after its current step and checkpoint it (the command then prints how to
+ * resume); a second one interrupts at once. Any other command is interrupted at once. Interrupting releases every
  * resource (tool servers are killed, files closed); what was fsync'd (episodes, consumed prompts, checkpoints) stays.
  */
 const runMain = Runtime.makeRunMain(({ fiber, teardown }) => {
   let signal: "SIGINT" | "SIGTERM" | undefined
   const interrupt = () => fiber.interruptUnsafe(fiber.id)
-  const onSigint = () => {
-    signal ??= "SIGINT"
-    interrupt()
-  }
-  const onSigterm = () => {
+  const onSignal = (which: "SIGINT" | "SIGTERM") => () => {
     const first = signal === undefined
-    signal ??= "SIGTERM"
+    signal ??= which
     if (first && StopSignal.graceful()) {
       StopSignal.request()
       process.stderr.write(
-        "\nSIGTERM: stopping after the current step, with a checkpoint (send it again to stop now)\n"
+        which === "SIGINT"
+          ? "\nCtrl-C: stopping after the current step, with a checkpoint (press Ctrl-C again to stop now)\n"
+          : "\nSIGTERM: stopping after the current step, with a checkpoint (send it again to stop now)\n"
       )
     } else interrupt()
   }
+  const onSigint = onSignal("SIGINT")
+  const onSigterm = onSignal("SIGTERM")
   fiber.addObserver((exit) => {
     process.removeListener("SIGINT", onSigint)
     process.removeListener("SIGTERM", onSigterm)

@@ -12,6 +12,7 @@ import { Command } from "effect/cli"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as SftDataset from "../data/SftDataset.ts"
 import * as RunLayers from "../layers/RunLayers.ts"
+import * as StopSignal from "../pipeline/StopSignal.ts"
 import * as SftTrainer from "../trainer/SftTrainer.ts"
 import * as RunFlags from "./RunFlags.ts"
 
@@ -24,7 +25,16 @@ export const run = Effect.fn("cli.sft")(function* (config: RunConfig) {
   }
   return yield* Effect.gen(function* () {
     const data = yield* SftDataset.loadSplits(files, { maxLength: s.max_length, lossOn: s.loss_on })
-    return yield* SftTrainer.run({ config: s, train: data.train, eval: data.eval, lora: config.model.lora })
+    // Ctrl-C / SIGTERM end the run after the step in progress, with a checkpoint
+    return yield* StopSignal.honour(
+      SftTrainer.run({
+        config: s,
+        train: data.train,
+        eval: data.eval,
+        lora: config.model.lora,
+        stopRequested: StopSignal.requested
+      })
+    )
   }).pipe(Effect.provide(RunLayers.sft(config, { outputDir: s.output_dir })))
 })
 
@@ -35,6 +45,12 @@ export const command = Command.make(
     Effect.gen(function* () {
       const decoded = yield* RunFlags.load(config, overrides)
       const summary = yield* run(decoded)
+      if (summary.stopped !== undefined) {
+        yield* Console.error(
+          `stopped after step ${summary.steps}: ${summary.checkpoint} holds its weights (start RL or more SFT from ` +
+            `them with model.path=${summary.checkpoint}; sft itself starts over)`
+        )
+      }
       yield* Console.log(JSON.stringify({ event: "summary", ...summary }))
     })
 ).pipe(

@@ -103,6 +103,20 @@ export const command = Command.make(
           `pass@n ${before.pass_at_n.toFixed(3)} → ${after.pass_at_n.toFixed(3)} (${summary.steps} steps, ${summary.seconds} s; ${runDir})`
       )
     }
+    if (summary.stopped !== undefined && summary.checkpoint !== undefined) {
+      const quote = (arg: string) => (/^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replaceAll("'", "'\\''")}'`)
+      const resumeCommand = [
+        "node dist/main.js train --config",
+        quote(file),
+        "--run-dir",
+        quote(runDir),
+        ...overrides.map(quote),
+        "--resume latest"
+      ].join(" ")
+      yield* Console.error(
+        `stopped after step ${summary.steps} (${summary.checkpoint}); continue with:\n  ${resumeCommand}`
+      )
+    }
     yield* Console.log(JSON.stringify(summary))
   })
 ).pipe(Command.withDescription("Train a policy with GRPO/PPO on a run config"))

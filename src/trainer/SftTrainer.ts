@@ -64,6 +64,8 @@ export interface Options {
   readonly config: SftConfig
   readonly train: ReadonlyArray<SftDataset.Example>
   readonly eval?: ReadonlyArray<SftDataset.Example>
+  /** Asked after each step: true ends the run there, with a checkpoint (the CLI's graceful stop on Ctrl-C/SIGTERM). */
+  readonly stopRequested?: () => boolean
   /** `model.lora`: with rank > 0, adapters are attached (seeded by `sft.seed`) and only they train */
   readonly lora?: LoraConfig
 }
@@ -79,6 +81,7 @@ export interface Summary {
   readonly checkpoint: string // the final step-N directory
   readonly seconds: number
   readonly tokens: number // real (non-padding) tokens trained on
+  readonly stopped?: "signal" // stopped early by a graceful stop (Ctrl-C, SIGTERM) after a checkpointed step
 }
 
 /** One metrics.jsonl line of an SFT run, as Metrics writes it (`event`, `step`, `time`, then the values). */
@@ -316,6 +319,7 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
   let evalLoss: number | undefined
   let tokens = 0
   let checkpoint = ""
+  let stoppedAt: number | undefined
   for (let step = 1; step <= total; step++) {
     const epoch = Math.floor((step - 1) / stepsPerEpoch)
     const position = (step - 1) % stepsPerEpoch
@@ -336,7 +340,9 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       tokens: window.tokens + stats.tokens,
       trainMs: window.trainMs + ((yield* Clock.currentTimeMillis) - stepStarted)
     }
-    const last = step === total
+    const stopped = step < total && options.stopRequested?.() === true // Ctrl-C / SIGTERM: the last step, checkpointed
+    const last = step === total || stopped
+    if (stopped) yield* Effect.logInfo(`stop requested: checkpointing step ${step} and stopping`)
     const evaluated =
       evalSet.length > 0 && (last || (c.eval_interval > 0 && step % c.eval_interval === 0))
         ? yield* Effect.promise(() => evaluate(model, evalSet, micro))
@@ -378,9 +384,13 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
       })
     }
     yield* Effect.yieldNow
+    if (stopped) {
+      stoppedAt = step
+      break
+    }
   }
   const summary: Summary = {
-    steps: total,
+    steps: stoppedAt ?? total,
     epochs: total / stepsPerEpoch,
     trainLoss,
     firstLoss,
@@ -388,7 +398,8 @@ export const run = Effect.fn("SftTrainer.run")(function* (options: Options) {
     outputDir,
     checkpoint,
     seconds: ((yield* Clock.currentTimeMillis) - started) / 1000,
-    tokens
+    tokens,
+    ...(stoppedAt === undefined ? {} : { stopped: "signal" as const })
   }
   return summary
 }, Effect.scoped)

@@ -1,6 +1,7 @@
 /**
  * Stopping a training run from outside, through the CLI as process managers do: SIGTERM finishes the step in
- * progress, checkpoints it and exits 143, and `--resume latest` trains the rest; SIGINT exits 130. And a trainer
+ * progress, checkpoints it and exits 143, and `--resume latest` trains the rest; Ctrl-C (SIGINT) does the same, prints
+ * the resume command and exits 130, and a second one stops at once. And a trainer
  * fault (here: a diverged update) is one typed line on stderr.
  */
 import { spawn } from "node:child_process"
@@ -89,12 +90,49 @@ describe("signals", () => {
     )
   }, 300_000)
 
-  it("SIGINT interrupts at once and exits 130", async () => {
+  it("Ctrl-C (SIGINT) checkpoints the step, prints the resume command and exits 130; that command trains the rest exactly once", async () => {
     const runDir = join(tmp, "int")
     const run = await trainAndSignal(runDir, "SIGINT", (dir) => consumed(dir).length >= 2, overrides)
     assert.strictEqual(run.code, 130, run.stderr.slice(-3000))
-    assert.isBelow(run.seconds, 10)
+    assert.include(run.stderr, "Ctrl-C: stopping after the current step")
+    const summary = JSON.parse(run.stdout.trim().split("\n").at(-1)!) as { steps: number; stopped: string }
+    assert.strictEqual(summary.stopped, "signal")
+    assert.strictEqual(readFileSync(join(runDir, "checkpoints", "latest"), "utf8").trim(), `step-${summary.steps}`)
     assert.notMatch(run.stderr, /^\s+at /m, "no stack trace")
+    // the printed command, run as printed (node src/main.ts for dist/main.js: the tests run the sources)
+    const printed = /continue with:\n\s+node dist\/main\.js (.*)\n/.exec(run.stderr)?.[1]
+    assert.isDefined(printed, run.stderr.slice(-2000))
+    const args = printed!.split(" ").map((a) => a.replace(/^'(.*)'$/, "$1"))
+    assert.includeMembers(args, ["--resume", "latest", "--run-dir", runDir])
+    const resumed = Cli.run(args, { timeoutMs: 240_000 })
+    assert.strictEqual(resumed.code, 0, resumed.stderr.slice(-3000))
+    assert.strictEqual(JSON.parse(resumed.lastLine).steps, 8)
+    assert.deepStrictEqual(
+      consumed(runDir).map((l) => l.cursor),
+      Array.from({ length: 16 }, (_, i) => i)
+    )
+  }, 300_000)
+
+  it("a second Ctrl-C interrupts at once and exits 130", async () => {
+    const runDir = join(tmp, "int2")
+    const child = spawn(
+      process.execPath,
+      ["src/main.ts", "train", "--config", config, "--run-dir", runDir, "logging.progress=false", ...overrides],
+      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
+    )
+    let stderr = ""
+    child.stderr.on("data", (chunk) => {
+      stderr += String(chunk)
+    })
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
+    while (consumed(runDir).length < 2 && child.exitCode === null) await new Promise((r) => setTimeout(r, 50))
+    child.kill("SIGINT")
+    while (!stderr.includes("Ctrl-C: stopping") && child.exitCode === null) await new Promise((r) => setTimeout(r, 20))
+    const sentAt = Date.now()
+    child.kill("SIGINT")
+    assert.strictEqual(await exited, 130, stderr.slice(-3000))
+    assert.isBelow((Date.now() - sentAt) / 1000, 10)
+    assert.notMatch(stderr, /^\s+at /m, "no stack trace")
   }, 300_000)
 
   it("a trainer fault is one typed line naming the step and what --resume will do, with no stack", () => {
