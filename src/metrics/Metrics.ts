@@ -34,12 +34,17 @@ const clock = (seconds: number) => {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`
 }
 
-/** `step 3/20 ███░░░ reward 0.412 pass@n 0.750 kl 0.002 | 0:41 elapsed, ETA 3:52` */
-export const progressLine = (p: Progress, elapsed: number): string => {
+/**
+ * `step 3/20 ███░░░ reward 0.412 pass@n 0.750 kl 0.002 | 0:41 elapsed, ETA 3:52`. The ETA is the steps left times
+ * `secondsPerStep`, the mean training-step time so far (evaluations and start-up are not steps); without it, elapsed
+ * time over steps done.
+ */
+export const progressLine = (p: Progress, elapsed: number, secondsPerStep?: number): string => {
   const width = 20
   const done = Math.min(width, Math.round((p.step / Math.max(1, p.totalSteps)) * width))
   const bar = "█".repeat(done) + "░".repeat(width - done)
-  const eta = p.step > 0 ? (elapsed / p.step) * (p.totalSteps - p.step) : Number.NaN
+  const perStep = secondsPerStep ?? (p.step > 0 ? elapsed / p.step : Number.NaN)
+  const eta = perStep * (p.totalSteps - p.step)
   return (
     `step ${p.step}/${p.totalSteps} ${bar} reward ${fmt(p.values["reward/avg_raw_reward"])} ` +
     `pass@n ${fmt(p.values["reward/avg_pass_at_n"])} kl ${fmt(p.values["policy/approx_kl"], 4)} ` +
@@ -66,10 +71,22 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
         .pipe(Effect.catch((e) => Effect.logWarning(`metrics: cannot append to ${file}: ${e.message}`)))
       if (event === "train") yield* Ref.set(lastValues, { ...values })
     })
+  // the ETA's pace: the steps' own times (`timing/step`), not the evaluations between them or the start-up before
+  let stepSeconds = 0
+  let timedSteps = 0
   const progress = (p: Progress) =>
-    options.progress
-      ? Effect.flatMap(elapsedSeconds, (elapsed) => Console.error(progressLine(p, elapsed)))
-      : Effect.void
+    Effect.suspend(() => {
+      const t = p.values["timing/step"]
+      if (t !== undefined && Number.isFinite(t)) {
+        stepSeconds += t
+        timedSteps++
+      }
+      return options.progress
+        ? Effect.flatMap(elapsedSeconds, (elapsed) =>
+            Console.error(progressLine(p, elapsed, timedSteps > 0 ? stepSeconds / timedSteps : undefined))
+          )
+        : Effect.void
+    })
   return Metrics.of({ file, record, progress, elapsedSeconds })
 })
 
