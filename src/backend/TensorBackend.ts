@@ -100,6 +100,30 @@ let loggedAdapter = false
 
 let warnedNoBlas = false
 
+/**
+ * The one line saying which backend runs and how: `tensor backend: native (auto), native kernels (OpenBLAS), 2
+ * threads; not installed: tensorflow-gpu, tensorflow; webgpu: no GPU adapter`. A backend whose optional package is
+ * absent is named as not installed, not reported as an error.
+ */
+export const chosenLine = (info: BackendInfo, auto: boolean, failures: ReadonlyArray<string>): string => {
+  const absent: Array<string> = []
+  const other: Array<string> = []
+  for (const failure of failures) {
+    const [name, ...rest] = failure.split(": ")
+    const reason = rest.join(": ")
+    if (/ERR_MODULE_NOT_FOUND|Cannot find (package|module)/.test(reason)) absent.push(name!)
+    else other.push(`${name}: ${reason.slice(0, 120)}`)
+  }
+  const status = info.kernels === "native" ? NativeKernels.status() : undefined
+  const blas = status?.available === true ? status.blas : undefined
+  return (
+    `tensor backend: ${info.name}${auto ? " (auto)" : ""}, ${info.kernels} kernels` +
+    `${blas === undefined ? "" : ` (${blas === "openblas" ? "OpenBLAS" : "own SGEMM"})`}, ${info.threads} thread(s)` +
+    (absent.length > 0 ? `; not installed: ${absent.join(", ")}` : "") +
+    (other.length > 0 ? `; skipped ${other.join("; ")}` : "")
+  )
+}
+
 /** Initialise tfjs as configured. Also usable outside Effect (tests, workers) through `Effect.runPromise`. */
 export const initialise = Effect.fn("TensorBackend.initialise")(function* (config: BackendConfig) {
   Backprop.install() // every backend: the backward pass frees each node's gradients and saved tensors once used
@@ -147,13 +171,7 @@ export const initialise = Effect.fn("TensorBackend.initialise")(function* (confi
           "(bench/quickstart-sizes.ts); install libopenblas-dev (Debian/Ubuntu) and run `node native/install.mjs`"
       )
     }
-    if (config.name === "auto") {
-      yield* Effect.logInfo(
-        `tensor backend: ${name} (auto; skipped ${failures.length === 0 ? "none" : failures.join("; ")})`
-      )
-    } else {
-      yield* Effect.logDebug(`tensor backend: ${name}`)
-    }
+    if (isMainThread) yield* Effect.logInfo(chosenLine(info, config.name === "auto", failures))
     return info
   }
   return yield* new TensorBackendError({

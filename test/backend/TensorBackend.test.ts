@@ -120,3 +120,23 @@ describe("TensorBackend", () => {
     })
   )
 })
+
+describe("TensorBackend.chosenLine", () => {
+  it("names the backend and its kernels, and optional packages that are absent as not installed, not as errors", () => {
+    const line = TensorBackend.chosenLine(
+      { name: "wasm", tfjsName: "wasm", threads: 1, kernels: "stock", addedKernels: [] },
+      true,
+      [
+        "tensorflow-gpu: Error [ERR_MODULE_NOT_FOUND]: Cannot find package '@tensorflow/tfjs-node-gpu' imported from x",
+        "tensorflow: Error [ERR_MODULE_NOT_FOUND]: Cannot find package '@tensorflow/tfjs-node' imported from x",
+        "webgpu: Error: only a software adapter"
+      ]
+    )
+    assert.strictEqual(
+      line,
+      "tensor backend: wasm (auto), stock kernels, 1 thread(s); not installed: tensorflow-gpu, tensorflow; " +
+        "skipped webgpu: Error: only a software adapter"
+    )
+    assert.notInclude(line, "ERR_MODULE_NOT_FOUND")
+  })
+})
