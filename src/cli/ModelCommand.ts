@@ -6,6 +6,8 @@
  * latest) as a plain HF directory — config.json, safetensors, tokenizer files — that HF transformers or vLLM load. A
  * LoRA run's checkpoint (or a PEFT adapter directory) holds the adapter alone: `--merge` folds it into its base (the
  * model its adapter_config.json names, or `--base`) and writes the merged weights.
+ * `model export --format gguf --out FILE.gguf [--type f32|f16|bf16|q8_0] [--merge [--base DIR]]`: the same model as
+ * one GGUF file for llama.cpp, Ollama or LM Studio, with its tokenizer (GgufExport.ts says what is written).
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -17,6 +19,7 @@ import type * as RunConfigModel from "../config/ModelConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
+import * as GgufExport from "../model/GgufExport.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Lora from "../model/Lora.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
@@ -223,13 +226,76 @@ export const exportHf = (dir: string, out: string, dtype: "F32" | "BF16", option
     })
   )
 
+/** The HF tokenizer files in the first of `dirs` that has a tokenizer.json. */
+const tokenizerFilesOf = async (dirs: ReadonlyArray<string>): Promise<GgufExport.TokenizerFiles> => {
+  for (const dir of dirs) {
+    const json = await fs.readFile(path.join(dir, "tokenizer.json"), "utf8").catch(() => undefined)
+    if (json === undefined) continue
+    const config = await fs.readFile(path.join(dir, "tokenizer_config.json"), "utf8").catch(() => "{}")
+    const template = await fs.readFile(path.join(dir, "chat_template.jinja"), "utf8").catch(() => undefined)
+    return {
+      tokenizerJson: JSON.parse(json),
+      tokenizerConfig: JSON.parse(config),
+      ...(template === undefined ? {} : { chatTemplate: template })
+    }
+  }
+  throw new Error(`no tokenizer.json in ${dirs.join(" or ")}: a GGUF file carries its tokenizer`)
+}
+
+/** Write the model at `dir` (a checkpoint, a run directory or an adapter with `merge`) as one GGUF file at `out`. */
+export const exportGguf = (dir: string, out: string, type: GgufExport.ExportType, options: ExportOptions = {}) =>
+  Effect.scoped(
+    Effect.gen(function* () {
+      const source = yield* resolveCheckpoint(dir)
+      const model = yield* loadMerged(source, options)
+      const adapter = yield* Effect.promise(() => Checkpointer.adapterSourceOf(source))
+      const bytes = yield* Effect.tryPromise({
+        try: async () => {
+          const base = options.base ?? adapter?.base
+          const tokenizer = await tokenizerFilesOf(base === undefined ? [source] : [source, base])
+          await fs.mkdir(path.dirname(path.resolve(out)), { recursive: true })
+          return GgufExport.write(out, {
+            config: model.config,
+            arrays: await Transformer.toHfArrays(model),
+            tokenizer,
+            type,
+            name: path.basename(path.resolve(out)).replace(/\.gguf$/, "")
+          })
+        },
+        catch: (cause) =>
+          new CheckpointError({ path: out, message: cause instanceof Error ? cause.message : String(cause) })
+      })
+      return {
+        event: "export",
+        format: "gguf",
+        source,
+        out,
+        type,
+        bytes,
+        parameters: ModelConfig.parameterCount(model.config)
+      }
+    })
+  )
+
 const exportCommand = Command.make(
   "export",
   {
     model: modelFlag,
-    out: Flag.String("out").pipe(Flag.withDescription("the HF directory to write")),
-    dtype: Flag.Literals("dtype", ["f32", "bf16"]).pipe(Flag.withDefault("f32"), Flag.withDescription("weight dtype")),
+    out: Flag.String("out").pipe(Flag.withDescription("the HF directory (or, with --format gguf, the file) to write")),
+    format: Flag.Literals("format", ["hf", "gguf"]).pipe(
+      Flag.withDefault("hf"),
+      Flag.withDescription("hf: a HF directory; gguf: one GGUF file for llama.cpp / Ollama")
+    ),
+    dtype: Flag.Literals("dtype", ["f32", "bf16"]).pipe(
+      Flag.withDefault("f32"),
+      Flag.withDescription("weight dtype (--format hf)")
+    ),
+    type: Flag.Literals("type", ["f32", "f16", "bf16", "q8_0"]).pipe(
+      Flag.withDefault("f32"),
+      Flag.withDescription("tensor type of the 2-D weights (--format gguf; norms and biases stay f32)")
+    ),
     merge: Flag.Boolean("merge").pipe(
+      Flag.withDefault(false),
       Flag.withDescription("fold a LoRA adapter (a LoRA run's checkpoint, a PEFT directory) into its base")
     ),
     base: Flag.String("base").pipe(
@@ -237,16 +303,19 @@ const exportCommand = Command.make(
       Flag.optional
     )
   },
-  ({ model, out, dtype, merge, base }) =>
+  ({ model, out, format, dtype, type, merge, base }) =>
     Effect.gen(function* () {
       yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
-      const result = yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32", {
-        merge,
-        ...(Option.isSome(base) ? { base: base.value } : {})
-      })
+      const options = { merge, ...(Option.isSome(base) ? { base: base.value } : {}) }
+      const result =
+        format === "gguf"
+          ? yield* exportGguf(model, out, ggufTypes[type], options)
+          : yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32", options)
       yield* Console.log(JSON.stringify(result))
     })
-).pipe(Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory"))
+).pipe(Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory or a GGUF file"))
+
+const ggufTypes = { f32: "F32", f16: "F16", bf16: "BF16", q8_0: "Q8_0" } as const
 
 export const command = Command.make("model").pipe(
   Command.withDescription("Inspect, evaluate and export HF-layout checkpoints"),
