@@ -32,7 +32,10 @@ export const EngineConfig = Schema.Struct({
   // same path) and loaded through the server's runtime LoRA API as `<lora_name_prefix>-v<version>`
   lora_dir: Schema.optionalKey(Schema.NonEmptyString),
   lora_name_prefix: Schema.NonEmptyString.pipe(withDefault("policy")),
-  max_batch_size: PositiveInt.pipe(withDefault(16))
+  max_batch_size: PositiveInt.pipe(withDefault(16)),
+  // remote: each turn goes to /v1/chat/completions as messages + tools and the server reads the tool calls (vLLM's
+  // --enable-auto-tool-choice --tool-call-parser hermes); token ids and log-probs stay exact (return_token_ids)
+  chat: Schema.Boolean.pipe(withDefault(false))
 })
 export type EngineConfig = typeof EngineConfig.Type
 

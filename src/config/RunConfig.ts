@@ -55,6 +55,23 @@ const Sections = Schema.Struct({
   ),
   Schema.makeFilter(
     (c) =>
+      !c.generator.engine.chat ||
+      c.generator.engine.kind === "remote" || {
+        path: ["generator", "engine", "chat"],
+        issue: `generator.engine.chat needs engine.kind remote (a server's /v1/chat/completions), not ${c.generator.engine.kind}`
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
+      !c.generator.engine.chat ||
+      c.trainer.algorithm.advantage_estimator !== "gae" || {
+        path: ["generator", "engine", "chat"],
+        issue:
+          "generator.engine.chat may train a trajectory step-wise (when the server's template rewrites its history), which gae cannot"
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
       c.trainer.algorithm.advantage_estimator !== "gae" ||
       !c.generator.step_wise || {
         path: ["trainer", "algorithm", "advantage_estimator"],

@@ -11,7 +11,7 @@
  * cannot work with, a replay miss) and ends the trajectory with stop reason `error`.
  */
 import { type Effect, Schema } from "effect"
-import type { Message } from "../domain/Message.ts"
+import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type { ToolCallRecord } from "../domain/ToolCall.ts"
 
 /** A tool in OpenAI function format, as chat templates with a `tools` argument expect it. */
@@ -59,7 +59,12 @@ export class EnvError extends Schema.TaggedError<EnvError>()("EnvError", {
 export interface Env {
   readonly envClass: string
   readonly init: (prompt: ReadonlyArray<Message>) => Effect.Effect<InitResult, EnvError>
-  readonly step: (actionText: string) => Effect.Effect<StepResult, EnvError>
+  /**
+   * The policy's turn. `toolCalls`: calls a server already read out of the text (chat completions' `tool_calls`,
+   * `generator.engine.chat`); an env that runs tools runs these instead of parsing the text for calls. Absent or
+   * empty: the env reads the text as always (an answer, or a malformed attempt it reports back).
+   */
+  readonly step: (actionText: string, toolCalls?: ReadonlyArray<ToolCallWire>) => Effect.Effect<StepResult, EnvError>
   /** Counters of this episode so far, `area/name` keys (`env/tool_calls`, …). */
   readonly metrics: Effect.Effect<Record<string, number>>
   /** Releases what the env holds before its scope closes (idempotent; the scope calls it too). */

@@ -5,7 +5,8 @@
  *   `name(args): description`) and how to call them in the configured format; or, with `toolPrompt: template`,
  *   no system text and the tools in `metadata.tools` (OpenAI function format) for the chat template to render.
  *   Only one of the two is ever given, so the tools are never listed twice.
- * step: parses the model's text (`ToolCallParser`), runs each call in order, answers with one `tool` message per
+ * step: parses the model's text (`ToolCallParser`; or takes the calls a server's tool parser read, chat
+ *   completions' `tool_calls`), runs each call in order, answers with one `tool` message per
  *   call. The episode ends on a final answer (text without a tool call, or `<answer>…</answer>`), after `max_turns`
  *   steps, or when the reward function says so. Parse failures and tool errors become observations (`Error: …`),
  *   never failures, and are counted (`env/parse_failures`, `env/tool_errors`).
@@ -15,12 +16,12 @@
  */
 import { Effect, type Layer } from "effect"
 import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
-import type { Message } from "../domain/Message.ts"
+import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { ToolCall, ToolCallRecord } from "../domain/ToolCall.ts"
+import type { McpTool } from "../mcp/Types.ts"
 import { type Env, EnvError, type FunctionTool, type InitResult, type StepResult } from "./Env.ts"
 import * as EnvRegistry from "./EnvRegistry.ts"
-import type { McpTool } from "../mcp/Types.ts"
 import * as Rewards from "./Rewards.ts"
 import * as ToolCallParser from "./ToolCallParser.ts"
 import { ToolIo } from "./ToolIo.ts"
@@ -216,12 +217,16 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
 
   // No generator per step: a step is on every tool call's path (the mcp-latency bench), and a generator function
   // made per call costs microseconds.
-  const step = (actionText: string): Effect.Effect<StepResult, EnvError> =>
+  const step = (actionText: string, toolCalls?: ReadonlyArray<ToolCallWire>): Effect.Effect<StepResult, EnvError> =>
     Effect.suspend(() => {
       if (done) return Effect.fail(fail("Failed", "step after the episode ended"))
       turn++
       counters.turns++
-      const parsed = ToolCallParser.parse(actionText, format)
+      // calls a server's tool parser already read (chat completions) are run as given, ids kept
+      const parsed =
+        toolCalls !== undefined && toolCalls.length > 0
+          ? ToolCallParser.fromOpenAi(toolCalls)
+          : ToolCallParser.parse(actionText, format)
       if (parsed.error !== undefined) counters.parseFailures++
       if (parsed.calls.length === 0) return settle(parsed, [])
       if (parsed.calls.length === 1 && row.reward_spec === undefined) {

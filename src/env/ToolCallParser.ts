@@ -515,7 +515,7 @@ const stripFence = (text: string): string => {
 }
 
 /** JSON with Python's `json.dumps` separators (`", "`, `": "`), as Qwen's and Hermes' chat templates render it. */
-const pythonJson = (value: unknown): string => {
+export const pythonJson = (value: unknown): string => {
   if (Array.isArray(value)) return `[${value.map(pythonJson).join(", ")}]`
   if (isObject(value)) {
     return `{${Object.entries(value)

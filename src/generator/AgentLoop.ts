@@ -25,6 +25,23 @@
  * rendering one turn earlier (Qwen3 strips earlier `<think>` blocks): every turn re-renders the whole history as its
  * prompt, and each turn becomes its own training row (`Trajectory.steps`); the trajectory's advantage is copied to
  * every row. `responseIds` then holds only the generated tokens.
+ *
+ * Chat mode (`chat`, `generator.engine.chat`, a remote engine): each turn is the conversation so far as OpenAI
+ * `messages` + the env's `tools`, sent to the server's `/v1/chat/completions`; the server renders the prompt with its
+ * own chat template, samples, and reads the tool calls (vLLM's `--tool-call-parser hermes`), which the env runs as
+ * given (`env.step(text, toolCalls)`). The server answers with the prompt ids it rendered and the ids and log-probs it
+ * sampled, and the trajectory is built from those ids, never from a re-tokenisation:
+ *   turn 0:       promptIds = the server's prompt ids
+ *   turn k > 0:   the server's prompt ids must extend the row so far (prompt + responses + observations); the ids
+ *                 past it (the observations as the server's template rendered them, and its generation prompt) are
+ *                 appended with lossMask 0 and counted on turn k − 1 (`observationTokens`)
+ *   otherwise:    the template rendered the history differently from what the row holds (it rewrote an earlier turn:
+ *                 Qwen3's `<think>` stripping, tool calls printed in its own format), so one row cannot hold the
+ *                 trajectory exactly. The trajectory is kept step-wise instead: every turn a row of its own whose
+ *                 prompt is the server's prompt ids for that turn (`steps`; `responseIds` then holds only generated
+ *                 tokens), as `stepWise` asks for from the start.
+ * The context limit is checked before each call on the history rendered with our own tokenizer (the served model's),
+ * and after it on the server's prompt: a server prompt that leaves no room ends the trajectory `overlong`.
  */
 import { Clock, Effect, Schedule, Schema } from "effect"
 import type { InferenceError } from "../domain/Errors.ts"
@@ -54,6 +71,8 @@ export interface Options {
   readonly seed: number
   /** one training row per turn, each turn's context re-rendered from the whole history */
   readonly stepWise?: boolean
+  /** each turn through the engine's chat path (`InferenceEngine.chat`): the server renders and parses */
+  readonly chat?: boolean
 }
 
 /** FNV-1a over a string, mixed with numbers: a deterministic per-request seed. */
@@ -92,6 +111,12 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
   const turns: Array<Turn> = []
   const steps: Array<Step> = []
   const stepWise = options.stepWise === true
+  const chat = options.chat === true
+  /** chat mode: the generated tokens alone, each turn's [start, end) in them, and whether the row broke (above) */
+  const generated: Array<number> = []
+  const generatedLogprobs: Array<number> = []
+  const generatedSpans: Array<readonly [number, number]> = []
+  let rewritten = false
   let stepContext: Array<number> = []
   let stopReason: StopReason = "max_turns"
   let error: string | undefined
@@ -110,10 +135,24 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         return yield* new OverlongError({ length: rendered.length, maxInputLength: options.maxInputLength })
       }
 
+      const chatTurn = engine.chat
+      if (chat && chatTurn === undefined) {
+        return yield* Effect.die(
+          new Error("AgentLoop: chat mode needs an engine with a chat path (engine.kind remote)")
+        )
+      }
+
       for (let turn = 0; turn < options.maxTurns; turn++) {
-        if (stepWise)
+        if (stepWise && !chat)
           stepContext = turn === 0 ? [...promptIds] : yield* tokenizer.applyChatTemplateIds(history, templateOptions)
-        const context = stepWise ? stepContext.length : promptIds.length + responseIds.length
+        // chat: the history as our tokenizer renders it, to size the request (the server's own rendering is checked after)
+        const context = chat
+          ? turn === 0
+            ? rendered.length
+            : (yield* tokenizer.applyChatTemplateIds(history, templateOptions)).length
+          : stepWise
+            ? stepContext.length
+            : promptIds.length + responseIds.length
         const room = options.maxInputLength - context
         if (room <= 0) return yield* new OverlongError({ length: context, maxInputLength: options.maxInputLength })
         const sampling: SamplingParams = {
@@ -126,22 +165,64 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
           seed: requestSeed(options.seed, uid, sample, turn)
         }
         const llmStart = yield* Clock.currentTimeMillis
-        const [result] = yield* engine
-          .generate([
-            {
-              promptIds: stepWise ? stepContext : promptIds.concat(responseIds),
+        const trajectoryId = `${uid}/${sample}`
+        const retrying = { schedule: inferenceRetry, while: (e: InferenceError) => e.isRetryable }
+        const chatResult = chat
+          ? yield* chatTurn!({
+              messages: history,
+              ...(tools === undefined ? {} : { tools }),
               sampling,
-              trajectoryId: `${uid}/${sample}`
-            }
-          ])
-          .pipe(Effect.retry({ schedule: inferenceRetry, while: (e: InferenceError) => e.isRetryable }))
+              trajectoryId
+            }).pipe(Effect.retry(retrying))
+          : undefined
+        const [result] =
+          chatResult !== undefined
+            ? [chatResult]
+            : yield* engine
+                .generate([
+                  { promptIds: stepWise ? stepContext : promptIds.concat(responseIds), sampling, trajectoryId }
+                ])
+                .pipe(Effect.retry(retrying))
         const llmMs = (yield* Clock.currentTimeMillis) - llmStart
+        if (chatResult !== undefined) {
+          const served = chatResult.promptIds
+          if (served.length + chatResult.tokens.length > options.maxInputLength) {
+            return yield* new OverlongError({
+              length: served.length + chatResult.tokens.length,
+              maxInputLength: options.maxInputLength
+            })
+          }
+          if (turn === 0) {
+            promptIds.length = 0
+            append(promptIds, served)
+          } else if (!rewritten) {
+            const held = promptIds.length + responseIds.length
+            let extends_ = served.length >= held
+            for (let i = 0; extends_ && i < held; i++) {
+              extends_ = served[i] === (i < promptIds.length ? promptIds[i] : responseIds[i - promptIds.length])
+            }
+            if (extends_) {
+              // the observations (and the generation prompt) as the server's template rendered them
+              for (let i = held; i < served.length; i++) {
+                responseIds.push(served[i]!)
+                lossMask.push(0)
+                rolloutLogprobs.push(0)
+              }
+              const previous = turns[turns.length - 1]!
+              turns[turns.length - 1] = { ...previous, observationTokens: served.length - held }
+            } else rewritten = true
+          }
+          steps.push({ promptIds: served, responseIds: chatResult.tokens, rolloutLogprobs: chatResult.logprobs })
+          generatedSpans.push([generated.length, generated.length + chatResult.tokens.length])
+          append(generated, chatResult.tokens)
+          append(generatedLogprobs, chatResult.logprobs)
+        }
         const start = responseIds.length
         append(responseIds, result!.tokens)
         append(rolloutLogprobs, result!.logprobs)
         for (let i = 0; i < result!.tokens.length; i++) lossMask.push(1)
         const end = responseIds.length
-        if (stepWise)
+        if (stepWise && !chat)
           steps.push({ promptIds: stepContext, responseIds: result!.tokens, rolloutLogprobs: result!.logprobs })
         const text = tokenizer.decode(result!.tokens, { skipSpecialTokens: true })
         const turnBase = {
@@ -170,13 +251,22 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         }
 
         const envStart = yield* Clock.currentTimeMillis
-        const step = yield* env.step(text)
+        const step = yield* env.step(text, chatResult?.toolCalls)
         const envMs = (yield* Clock.currentTimeMillis) - envStart
-        history.push({ role: "assistant", content: text })
+        // chat: the assistant message as the server read it, which its template renders back next turn
+        history.push(
+          chatResult === undefined
+            ? { role: "assistant", content: text }
+            : {
+                role: "assistant",
+                content: chatResult.content ?? "",
+                ...(chatResult.toolCalls.length === 0 ? {} : { tool_calls: chatResult.toolCalls })
+              }
+        )
         let observationTokens = 0
         let overflow: OverlongError | undefined
-        if (stepWise && !step.done) append(history, step.observations)
-        if (!stepWise && !step.done && turn + 1 < options.maxTurns && step.observations.length > 0) {
+        if ((stepWise || chat) && !step.done) append(history, step.observations)
+        if (!stepWise && !chat && !step.done && turn + 1 < options.maxTurns && step.observations.length > 0) {
           const next = yield* tokenizer.continuation(history, step.observations, templateOptions, {
             onHistoryRewrite: "alignByEndOfTurn"
           })
@@ -227,6 +317,30 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
     )
   )
 
+  // chat mode kept step-wise (asked for, or the server's template rewrote the history): the generated tokens alone
+  if (chat && (stepWise || rewritten)) {
+    const stepTurns = turns.map((t, i) => ({
+      ...t,
+      start: generatedSpans[i]![0],
+      end: generatedSpans[i]![1],
+      observationTokens: 0
+    }))
+    return {
+      id: `${uid}/${sample}`,
+      promptUid: uid,
+      sample,
+      promptIds,
+      responseIds: generated,
+      lossMask: generated.map((): 0 | 1 => 1),
+      rolloutLogprobs: generatedLogprobs,
+      turns: stepTurns,
+      reward: turns.reduce((sum, t) => sum + t.reward, 0),
+      stopReason,
+      ...(error === undefined ? {} : { error }),
+      envMetrics,
+      steps
+    } satisfies Trajectory
+  }
   const trajectory: Trajectory = {
     id: `${uid}/${sample}`,
     promptUid: uid,
@@ -240,7 +354,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
     stopReason,
     ...(error === undefined ? {} : { error }),
     envMetrics,
-    ...(stepWise ? { steps } : {})
+    ...(stepWise && !chat ? { steps } : {})
   }
   return trajectory
 })

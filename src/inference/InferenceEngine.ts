@@ -3,12 +3,18 @@
  * LocalEngine (in-process), WorkerEngine (worker thread), RemoteEngine (OpenAI-compatible HTTP). The trainer
  * publishes weights through `updateWeights`; engines apply them between decode steps, so one request may span
  * versions — each result says which versions produced its first and last token.
+ *
+ * `chat` (RemoteEngine only, `generator.engine.chat`): one turn as OpenAI `messages` + `tools` to a server's
+ * `/v1/chat/completions`; the server renders the prompt and reads the tool calls, and answers with the prompt ids it
+ * rendered and the ids and log-probs it sampled, so a trajectory still holds exactly what the policy saw and produced.
  */
 import { Context, type Effect } from "effect"
 import type { InferenceError } from "../domain/Errors.ts"
+import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 
 export interface SamplingParams {
   readonly maxNewTokens: number
@@ -37,6 +43,22 @@ export interface GenerateResult {
   readonly retries?: ReadonlyArray<string>
 }
 
+export interface ChatRequest {
+  readonly messages: ReadonlyArray<Message>
+  /** Offered to the model (rendered by the server's chat template) and read back as `toolCalls`; absent: none. */
+  readonly tools?: ReadonlyArray<ToolDefinition>
+  readonly sampling: SamplingParams
+  readonly trajectoryId?: string
+}
+
+export interface ChatResult extends GenerateResult {
+  /** The prompt as the server rendered and tokenised it: what the sampled tokens were conditioned on. */
+  readonly promptIds: ReadonlyArray<number>
+  /** The assistant message as the server's tool parser read it (content before the calls, null when none). */
+  readonly content: string | null
+  readonly toolCalls: ReadonlyArray<ToolCallWire>
+}
+
 export class InferenceEngine extends Context.Service<
   InferenceEngine,
   {
@@ -44,6 +66,8 @@ export class InferenceEngine extends Context.Service<
     readonly generate: (
       requests: ReadonlyArray<GenerateRequest>
     ) => Effect.Effect<ReadonlyArray<GenerateResult>, InferenceError>
+    /** One chat turn through the server's chat template and tool parser; absent: the engine has no chat path. */
+    readonly chat?: (request: ChatRequest) => Effect.Effect<ChatResult, InferenceError>
     /** Swap in new weights; requests in flight continue on them from their next decode step. */
     readonly updateWeights: (snapshot: WeightSnapshot) => Effect.Effect<void, InferenceError>
     /** Stop admitting decode steps (weight updates may still apply); `resume` lets them continue. */

@@ -10,7 +10,16 @@
  *   `top_logprobs` holds only the sampled token (no alternatives are computed).
  * - `POST /v1/chat/completions`: renders the chat template (with `tools`), samples, and reads tool calls out of the
  *   text (env/ToolCallParser.ts, `auto`): a reply with calls has `message.tool_calls` and `finish_reason:
- *   "tool_calls"`, as vLLM's tool parsers give.
+ *   "tool_calls"`, as vLLM's tool parsers give (`--enable-auto-tool-choice --tool-call-parser hermes`), with each
+ *   call's `arguments` written as Python's `json.dumps(arguments, ensure_ascii=False)` writes them (vLLM's
+ *   `Hermes2ProToolParser`, vllm/entrypoints/openai/tool_parsers/hermes_tool_parser.py at
+ *   836d1f31211015f62485b0151fbbf85b6cc7a934), so a template that prints them back reproduces what was sampled.
+ *   The response carries vLLM's `return_token_ids` fields (always: `prompt_token_ids` at the top level, the prompt
+ *   as rendered; `choices[i].token_ids`) and, with `logprobs: true`, `choices[i].logprobs.content` of `{token,
+ *   logprob, bytes, top_logprobs}` per sampled token (`token` reads `token_id:<id>` with
+ *   `return_tokens_as_token_ids`; `top_logprobs` is empty: no alternatives are computed). Shapes as vLLM's
+ *   `ChatCompletionResponse` in vllm/entrypoints/openai/chat_completion/protocol.py
+ *   (002032ee2b18e1f7bd924ec47b62504ba3866063).
  *   `prompt_logprobs: k` adds vLLM's per-prompt-token entries (the prompt token only, `rank` null).
  * - `GET /v1/models` (the base, then each LoRA adapter), `GET /health` (`{status, policy_version}`).
  * - `model`: absent or the served name samples the base; a loaded LoRA adapter's name samples with it (and the
@@ -375,7 +384,7 @@ export const chatMessage = (
   const toolCalls: Array<ToolCallWire> = parsed.calls.map((call) => ({
     id: call.id,
     type: "function",
-    function: { name: call.name, arguments: JSON.stringify(call.arguments) }
+    function: { name: call.name, arguments: ToolCallParser.pythonJson(call.arguments) }
   }))
   // vLLM's tool parsers keep the text before the first call as content (null when there is none)
   const before = text.split(/<tool_call>|<tool>|^Action:/m)[0]!.trim()
@@ -643,6 +652,7 @@ export const routes = (options: ServerOptions) =>
             const results = yield* generateAll(served.engine, requests)
             const created = yield* secondsNow
             const eos = new Set(tokenizer.eosIds)
+            const tokensAsIds = body["return_tokens_as_token_ids"] === true
             const choices = results.map((r, index) => {
               // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
               const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
@@ -653,11 +663,15 @@ export const routes = (options: ServerOptions) =>
                 logprobs:
                   body["logprobs"] === true
                     ? {
-                        content: r.tokens.map((id, i) => ({
-                          token: tokenizer.decode([id]),
-                          logprob: r.logprobs[i]!,
-                          top_logprobs: []
-                        }))
+                        content: r.tokens.map((id, i) => {
+                          const piece = tokenizer.decode([id])
+                          return {
+                            token: tokensAsIds ? `token_id:${id}` : piece,
+                            logprob: r.logprobs[i]!,
+                            bytes: [...Buffer.from(piece, "utf8")],
+                            top_logprobs: []
+                          }
+                        })
                       }
                     : null,
                 finish_reason: finishReason ?? r.finishReason,

@@ -44,6 +44,18 @@
  * (`/v1/unload_lora_adapter`) and its directory deleted. A call's policy versions are its adapter's version: exact,
  * since that adapter sampled every token of it. Re-publishing a version loads it again in place (`load_inplace`).
  *
+ * Chat (`chat`, the agent loop's `generator.engine.chat` path): one turn is one `/v1/chat/completions` call with
+ * `messages`, `tools` + `tool_choice: "auto"` (vLLM started with `--enable-auto-tool-choice --tool-call-parser hermes`
+ * reads the calls), the same sampling fields as above, `logprobs: true`, `top_logprobs: 0`, `return_token_ids: true`
+ * and `return_tokens_as_token_ids: true`. The result is the response's top-level `prompt_token_ids` (the prompt the
+ * server rendered), `choices[0].token_ids`, `choices[0].logprobs.content[i].logprob` and `choices[0].message`
+ * (`content`, `tool_calls`); `finish_reason: "tool_calls"` is a stop. Pinned from vLLM's source, where these fields
+ * are `ChatCompletionRequest.return_token_ids`, `ChatCompletionResponse.prompt_token_ids` and
+ * `ChatCompletionResponseChoice.token_ids` (vLLM ≥ 0.10.2): vllm/entrypoints/openai/chat_completion/protocol.py at
+ * https://github.com/vllm-project/vllm/blob/002032ee2b18e1f7bd924ec47b62504ba3866063/vllm/entrypoints/openai/chat_completion/protocol.py
+ * (`ChatCompletionLogProbs.content` of `{token, logprob, bytes, top_logprobs}`). A chat turn cannot be continued from
+ * part of its tokens (the server renders the prompt), so an aborted or failed-over turn is sampled again from its start.
+ *
  * Failures: no connection, timeouts, 429/503 are `InferenceError` Unreachable/Overloaded (retryable, retried with
  * backoff `maxRetries` times); other statuses and malformed bodies are BadResponse (4xx) or Internal (5xx).
  */
@@ -52,12 +64,19 @@ import * as path from "node:path"
 import { Clock, Duration, Effect, Latch, Layer, Schedule, Semaphore } from "effect"
 import { FetchHttpClient, HttpClient, HttpClientRequest } from "effect/http"
 import { InferenceError } from "../domain/Errors.ts"
+import type { ToolCallWire } from "../domain/Message.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as Lora from "../model/Lora.ts"
 import * as HfWeightDir from "./HfWeightDir.ts"
-import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import {
+  type ChatRequest,
+  type ChatResult,
+  type GenerateRequest,
+  type GenerateResult,
+  InferenceEngine
+} from "./InferenceEngine.ts"
 import * as WeightDialect from "./WeightDialect.ts"
 import * as WeightUpload from "./WeightUpload.ts"
 
@@ -149,6 +168,86 @@ export const readChoice = (body: unknown): Choice | string => {
     finishReason: finish,
     versionFirst: int(choice["policy_version_first"]),
     versionLast: int(choice["policy_version_last"])
+  }
+}
+
+interface ChatChoice extends Choice {
+  readonly promptIds: ReadonlyArray<number>
+  readonly content: string | null
+  readonly toolCalls: ReadonlyArray<ToolCallWire>
+}
+
+/** Reads choice 0 of a chat completions response (vLLM ≥ 0.10.2 with `return_token_ids`, or ours). */
+export const readChatChoice = (body: unknown): ChatChoice | string => {
+  const promptIds = (body as { prompt_token_ids?: unknown } | null)?.prompt_token_ids
+  if (!Array.isArray(promptIds) || !promptIds.every(Number.isInteger)) {
+    return "the chat response has no prompt_token_ids (vLLM ≥ 0.10.2 with return_token_ids)"
+  }
+  const choice = (body as { choices?: ReadonlyArray<Record<string, unknown>> } | null)?.choices?.[0]
+  if (choice === undefined) return "no choices in the response"
+  const tokens = choice["token_ids"]
+  if (!Array.isArray(tokens) || !tokens.every(Number.isInteger)) {
+    return "the chat response has no choices[0].token_ids (vLLM ≥ 0.10.2 with return_token_ids)"
+  }
+  const content = (choice["logprobs"] as { content?: ReadonlyArray<{ logprob?: unknown }> } | null)?.content
+  const logprobs = Array.isArray(content) ? content.map((c) => c.logprob) : undefined
+  if (logprobs === undefined || logprobs.length !== tokens.length || logprobs.some((v) => typeof v !== "number")) {
+    return `the chat response has ${logprobs === undefined ? "no" : logprobs.length} log-probs for ${tokens.length} tokens`
+  }
+  const finish = choice["finish_reason"]
+  if (finish !== "stop" && finish !== "length" && finish !== "abort" && finish !== "tool_calls") {
+    return `unknown finish_reason ${String(finish)}`
+  }
+  const message = (choice["message"] ?? {}) as { content?: unknown; tool_calls?: unknown }
+  const calls = Array.isArray(message.tool_calls) ? (message.tool_calls as ReadonlyArray<ToolCallWire>) : []
+  if (calls.some((c) => typeof c?.function?.name !== "string" || typeof c.function.arguments !== "string")) {
+    return "a tool call in the chat response has no function name or arguments"
+  }
+  const int = (v: unknown) => (Number.isInteger(v) ? (v as number) : undefined)
+  return {
+    promptIds: promptIds as ReadonlyArray<number>,
+    tokens: tokens as ReadonlyArray<number>,
+    logprobs: logprobs as ReadonlyArray<number>,
+    finishReason: finish === "tool_calls" ? "stop" : finish,
+    content: typeof message.content === "string" ? message.content : null,
+    toolCalls: calls.map((c, i) => ({
+      id: typeof c.id === "string" && c.id !== "" ? c.id : `call_${i}`,
+      type: "function",
+      function: { name: c.function.name, arguments: c.function.arguments }
+    })),
+    versionFirst: int(choice["policy_version_first"]),
+    versionLast: int(choice["policy_version_last"])
+  }
+}
+
+/** The chat completions body for one turn (see the module header). */
+export const chatBody = (model: string, request: ChatRequest) => {
+  const s = request.sampling
+  const tools = request.tools ?? []
+  return {
+    model,
+    messages: request.messages.map((m) => ({
+      role: m.role,
+      content: m.content,
+      ...(m.tool_calls === undefined || m.tool_calls.length === 0 ? {} : { tool_calls: m.tool_calls }),
+      ...(m.tool_call_id === undefined ? {} : { tool_call_id: m.tool_call_id }),
+      ...(m.name === undefined ? {} : { name: m.name })
+    })),
+    ...(tools.length === 0 ? {} : { tools, tool_choice: "auto" }),
+    max_tokens: s.maxNewTokens,
+    temperature: s.temperature,
+    top_p: s.topP,
+    top_k: s.topK === 0 ? -1 : s.topK,
+    seed: s.seed,
+    stop: [...s.stopStrings],
+    stop_token_ids: [...s.stopTokenIds],
+    ignore_eos: true,
+    logprobs: true,
+    top_logprobs: 0,
+    return_token_ids: true,
+    return_tokens_as_token_ids: true,
+    include_stop_str_in_output: true,
+    n: 1
   }
 }
 
@@ -291,26 +390,26 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       .map((r) => `${r.target.base} (${r.reason ?? "down"})`)
       .join(", ")
 
-  /** One completions call for `name` on `replica`, retried while the failure is retryable. */
-  const complete = (replica: Replica, name: string, request: GenerateRequest) =>
+  /** POST `body` to `route` on `replica` and read the answer with `read`, retried while the failure is retryable. */
+  const call = <A>(replica: Replica, route: string, body: unknown, read: (body: unknown) => A | string) =>
     Effect.gen(function* () {
       const base = replica.target.base
-      const http = HttpClientRequest.post(`${base}/v1/completions`).pipe(
+      const http = HttpClientRequest.post(`${base}${route}`).pipe(
         options.apiKey === undefined ? (r) => r : HttpClientRequest.bearerToken(options.apiKey),
-        HttpClientRequest.bodyJsonUnsafe(requestBody(name, request))
+        HttpClientRequest.bodyJsonUnsafe(body)
       )
       const response = yield* client
         .execute(http)
         .pipe(Effect.mapError((e) => error("Unreachable", `${base}: ${e.message}`)))
       const text = yield* response.text.pipe(Effect.mapError((e) => error("Unreachable", `${base}: ${e.message}`)))
       if (response.status !== 200) return yield* statusError(response.status, text)
-      const body = yield* Effect.try({
+      const parsed = yield* Effect.try({
         try: () => JSON.parse(text) as unknown,
         catch: () => error("BadResponse", `the response is not JSON: ${text.slice(0, 200)}`)
       })
-      const choice = readChoice(body)
-      if (typeof choice === "string") return yield* error("BadResponse", choice)
-      return choice
+      const value = read(parsed)
+      if (typeof value === "string") return yield* error("BadResponse", value)
+      return value
     }).pipe(
       Effect.timeoutOrElse({
         duration: timeout,
@@ -319,6 +418,44 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       }),
       retry
     )
+
+  /** One completions call for `name` on `replica`. */
+  const complete = (replica: Replica, name: string, request: GenerateRequest) =>
+    call(replica, "/v1/completions", requestBody(name, request), readChoice)
+
+  /**
+   * `f` on the replica of `trajectoryId`; a replica that cannot answer is taken out and `f` runs again at another,
+   * each move pushed onto `retries`. Other failures are the call's.
+   */
+  const onReplica = <A>(
+    trajectoryId: string | undefined,
+    retries: Array<string>,
+    f: (replica: Replica) => Effect.Effect<A, InferenceError>
+  ) =>
+    Effect.gen(function* () {
+      for (;;) {
+        yield* notPaused.await
+        const { replica, moved } = yield* route(trajectoryId)
+        if (moved !== undefined) retries.push(moved)
+        replica.inFlight++
+        const outcome = yield* f(replica).pipe(
+          Effect.ensuring(Effect.sync(() => replica.inFlight--)),
+          Effect.map((value) => ({ ok: true as const, value })),
+          // a replica that cannot answer is taken out and the call goes on elsewhere; other failures are the call's
+          Effect.catchIf(
+            (e) => e.isRetryable && replicas.length > 1,
+            (e) => Effect.succeed({ ok: false as const, failed: e.message })
+          )
+        )
+        if (outcome.ok) return outcome.value
+        yield* takeOut(replica, outcome.failed)
+        retries.push(`replica ${replica.target.base} failed: ${outcome.failed}`)
+        if (trajectoryId !== undefined) sticky.delete(trajectoryId) // the move is recorded here
+        if (retries.length > 4 * replicas.length) {
+          return yield* error("Unreachable", `moved ${retries.length} times: ${retries.join("; ")}`)
+        }
+      }
+    })
 
   /** One request, resumed after aborts and failovers, all on the model named when it started. */
   const generateOne = (request: GenerateRequest) =>
@@ -333,33 +470,13 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
       let last: number | undefined
       let aborts = 0
       for (;;) {
-        yield* notPaused.await
-        const { replica, moved } = yield* route(request.trajectoryId)
-        if (moved !== undefined) retries.push(moved)
         const remaining = request.sampling.maxNewTokens - tokens.length
-        replica.inFlight++
-        const outcome = yield* complete(replica, name, {
-          promptIds: request.promptIds.concat(tokens),
-          sampling: { ...request.sampling, maxNewTokens: remaining }
-        }).pipe(
-          Effect.ensuring(Effect.sync(() => replica.inFlight--)),
-          Effect.map((choice) => ({ choice, failed: undefined })),
-          // a replica that cannot answer is taken out and the call goes on elsewhere; other failures are the call's
-          Effect.catchIf(
-            (e) => e.isRetryable && replicas.length > 1,
-            (e) => Effect.succeed({ choice: undefined, failed: e.message })
-          )
+        const choice = yield* onReplica(request.trajectoryId, retries, (replica) =>
+          complete(replica, name, {
+            promptIds: request.promptIds.concat(tokens),
+            sampling: { ...request.sampling, maxNewTokens: remaining }
+          })
         )
-        if (outcome.choice === undefined) {
-          yield* takeOut(replica, outcome.failed!)
-          retries.push(`replica ${replica.target.base} failed: ${outcome.failed!}`)
-          if (request.trajectoryId !== undefined) sticky.delete(request.trajectoryId) // the move is recorded here
-          if (retries.length > 4 * replicas.length) {
-            return yield* error("Unreachable", `moved ${retries.length} times: ${retries.join("; ")}`)
-          }
-          continue
-        }
-        const choice = outcome.choice
         if (tokens.length === 0 || first === undefined) first = choice.versionFirst
         // a loop, not push(...): a server's answer may be long enough to overflow the stack as call arguments
         for (const t of choice.tokens) tokens.push(t)
@@ -379,6 +496,34 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
         if (aborts++ >= maxResumes) return yield* error("Overloaded", `aborted ${aborts} times by the server`)
       }
     })
+
+  /** One chat turn: sampled again from its start after an abort or a failover (see the module header). */
+  const chat = Effect.fn("RemoteEngine.chat")(function* (request: ChatRequest) {
+    if (request.messages.length === 0) return yield* error("BadResponse", "a chat request needs messages")
+    const name = model
+    const adapterVersion = adapters.find((a) => a.name === name)?.version
+    const startVersion = version
+    const retries: Array<string> = []
+    for (let aborts = 0; ; aborts++) {
+      const choice = yield* onReplica(request.trajectoryId, retries, (replica) =>
+        call(replica, "/v1/chat/completions", chatBody(name, request), readChatChoice)
+      )
+      if (choice.finishReason !== "abort") {
+        return {
+          promptIds: choice.promptIds,
+          tokens: choice.tokens,
+          logprobs: choice.logprobs,
+          finishReason: choice.finishReason,
+          content: choice.content,
+          toolCalls: choice.toolCalls,
+          policyVersionFirst: adapterVersion ?? PolicyVersion.make(choice.versionFirst ?? startVersion),
+          policyVersionLast: adapterVersion ?? PolicyVersion.make(choice.versionLast ?? version),
+          ...(retries.length === 0 ? {} : { retries })
+        } satisfies ChatResult
+      }
+      if (aborts >= maxResumes) return yield* error("Overloaded", `aborted ${aborts + 1} times by the server`)
+    }
+  })
 
   const generate = Effect.fn("RemoteEngine.generate")(function* (requests: ReadonlyArray<GenerateRequest>) {
     const empty = requests.findIndex((r) => r.promptIds.length === 0)
@@ -635,6 +780,7 @@ export const make = Effect.fnUntraced(function* (options: RemoteEngineOptions) {
 
   return InferenceEngine.of({
     generate,
+    chat,
     updateWeights,
     pause: Effect.asVoid(notPaused.close),
     resume: Effect.asVoid(notPaused.open),

@@ -67,6 +67,7 @@ const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
   stopStrings: c.generator.sampling.stop,
   seed: c.generator.seed,
   stepWise: c.generator.step_wise,
+  chat: c.generator.engine.chat,
   samplesPerPrompt: c.generator.n_samples_per_prompt,
   maxConcurrentGroups: c.generator.max_concurrent_groups,
   unordered: c.pipeline.mode === "async"
