@@ -61,6 +61,24 @@ const inspect = Command.make(
 
 const userError = (message: string) => new CliError.UserError({ cause: new Error(message), userMessage: message })
 
+const force = Flag.Boolean("force").pipe(
+  Flag.withDescription("Overwrite output files that exist (off: refuse)"),
+  Flag.withDefault(false)
+)
+
+/** Refuse to overwrite any of `files` that exists unless `--force` (shipped data is one regeneration away from lost). */
+const refuseOverwrite = Effect.fnUntraced(function* (files: ReadonlyArray<string>, overwrite: boolean) {
+  if (overwrite) return
+  const fs = yield* FileSystem.FileSystem
+  const existing: Array<string> = []
+  for (const file of files) if (yield* fs.exists(file).pipe(Effect.orElseSucceed(() => false))) existing.push(file)
+  if (existing.length > 0) {
+    return yield* userError(
+      `${existing.join(", ")} ${existing.length === 1 ? "exists" : "exist"}: pass --force to overwrite, or --out another place`
+    )
+  }
+})
+
 const positiveInt = (name: string, fallback: number, description: string) =>
   Flag.Int(name).pipe(Flag.withDescription(description), Flag.withDefault(fallback))
 
@@ -80,7 +98,8 @@ const toolbox = Command.make(
     exclude: Flag.String("exclude").pipe(
       Flag.withDescription("A rows file (e.g. another set's val.jsonl): drop train tasks and demos with its prompts"),
       Flag.optional
-    )
+    ),
+    force
   },
   Effect.fn("cli.data.generate.toolbox")(function* (flags) {
     const fs = yield* FileSystem.FileSystem
@@ -122,6 +141,10 @@ const toolbox = Command.make(
       val: ToolboxTasks.toJsonl(data.val),
       demos: ToolboxTasks.toJsonl(data.demos)
     }
+    yield* refuseOverwrite(
+      Object.keys(files).map((name) => path.join(flags.out, `${name}.jsonl`)),
+      flags.force
+    )
     yield* fs.makeDirectory(flags.out, { recursive: true })
     const bytes: Record<string, number> = {}
     for (const [name, text] of Object.entries(files)) {
@@ -178,7 +201,8 @@ const tauBench = Command.make(
     trainRatio: Flag.Finite("train-ratio").pipe(
       Flag.withDescription("Keep this fraction in --out and write the rest to <out>.val.jsonl (default 1: all)"),
       Flag.withDefault(1)
-    )
+    ),
+    force
   },
   Effect.fn("cli.data.convert.tau-bench")(function* (flags) {
     const fs = yield* FileSystem.FileSystem
@@ -194,6 +218,10 @@ const tauBench = Command.make(
     const rows = TauBenchConverter.convert(data, flags.split, flags.trainRatio)
     const files: Array<readonly [string, number]> = [[flags.out, rows.train.length]]
     if (flags.trainRatio < 1) files.push([TauBenchConverter.valFile(flags.out), rows.val.length])
+    yield* refuseOverwrite(
+      files.map(([file]) => file),
+      flags.force
+    )
     const dir = path.dirname(flags.out)
     if (dir !== "") yield* fs.makeDirectory(dir, { recursive: true })
     yield* fs.writeFileString(flags.out, TauBenchConverter.serialize(rows.train, flags.out))

@@ -7,11 +7,11 @@ import * as ToolboxTasks from "../../src/data/ToolboxTasks.ts"
 import type { Message } from "../../src/domain/Message.ts"
 import { PromptRow } from "../../src/domain/PromptRow.ts"
 import type { ToolCallRecord } from "../../src/domain/ToolCall.ts"
-import * as McpClient from "../../src/mcp/McpClient.ts"
 import * as McpToolEnv from "../../src/env/McpToolEnv.ts"
 import * as Rewards from "../../src/env/Rewards.ts"
 import * as ToolCallParser from "../../src/env/ToolCallParser.ts"
 import * as ToolIo from "../../src/env/ToolIo.ts"
+import * as McpClient from "../../src/mcp/McpClient.ts"
 import * as Servers from "../env/McpServers.ts"
 import * as Cli from "../fixtures/Cli.ts"
 
@@ -212,6 +212,27 @@ describe("ToolboxTasks", () => {
     const summary = JSON.parse(result.lastLine)
     assert.deepStrictEqual(summary.counts.train, Object.fromEntries(ToolboxTasks.families.map((f) => [f, 5])))
     assert.deepStrictEqual(summary.counts.val, Object.fromEntries(ToolboxTasks.families.map((f) => [f, 2])))
+    // files that exist are never overwritten without --force
+    const again = Cli.run(["data", "generate", "toolbox", "--seed", "10", "--train", "8", "--val", "8", "--out", out])
+    assert.notStrictEqual(again.code, 0)
+    assert.include(again.stderr, "--force")
+    assert.strictEqual(readFileSync(join(out, "train.jsonl"), "utf8"), ToolboxTasks.toJsonl(expected.train))
+    const forced = Cli.run([
+      "data",
+      "generate",
+      "toolbox",
+      "--seed",
+      "10",
+      "--train",
+      "8",
+      "--val",
+      "8",
+      "--out",
+      out,
+      "--force"
+    ])
+    assert.strictEqual(forced.code, 0, forced.stderr)
+    assert.notStrictEqual(readFileSync(join(out, "train.jsonl"), "utf8"), ToolboxTasks.toJsonl(expected.train))
     const bad = Cli.run(["data", "generate", "toolbox", "--seed", "1", "--families", "arith_chain,nope", "--out", out])
     assert.notStrictEqual(bad.code, 0)
     assert.include(bad.stderr, "unknown families: nope")
