@@ -83,8 +83,22 @@ export const applyOverrides = Effect.fn("RunConfig.applyOverrides")(function* (
   return copy
 })
 
-/** Decode a raw config object (already overridden). */
-export const decode = Effect.fn("RunConfig.decode")(function* (raw: unknown, file?: string) {
+/** The override (`key.path=value` text) that set `key` or a key above it, if one did (the last one wins). */
+const overrideOf = (key: string, overrides: ReadonlyArray<string>): string | undefined =>
+  overrides.findLast((text) => {
+    const at = text.slice(0, Math.max(0, text.indexOf("="))).trim()
+    return at !== "" && (key === at || key.startsWith(`${at}.`))
+  })
+
+/**
+ * Decode a raw config object (already overridden with `overrides`). A problem with a key an override set names the
+ * override, not the file: `override trainer.max_steps=abc: trainer.max_steps: Expected number (got "abc")`.
+ */
+export const decode = Effect.fn("RunConfig.decode")(function* (
+  raw: unknown,
+  file?: string,
+  overrides: ReadonlyArray<string> = []
+) {
   const unknown = KeyTree.unknownKeys(tree, raw)
   if (unknown.length > 0) return yield* unknownKeyError(file, unknown[0]!)
   return yield* Schema.decodeUnknownEffect(RunConfig)(raw, { errors: "all" }).pipe(
@@ -95,10 +109,14 @@ export const decode = Effect.fn("RunConfig.decode")(function* (raw: unknown, fil
         const key = path.join(".")
         const got = get(raw, path)
         const value = got === undefined ? "" : ` (got ${show(got)})`
-        return { key, line: `${key === "" ? "<root>" : key}: ${issue.message}${value}` }
+        const override = overrideOf(key, overrides)
+        const line = `${key === "" ? "<root>" : key}: ${issue.message}${value}`
+        return { key, override, line: override === undefined ? line : `override ${override}: ${line}` }
       })
+      // every problem is an override's: the file is not to blame
+      const fromOverrides = lines.length > 0 && lines.every((l) => l.override !== undefined)
       return new ConfigError({
-        ...(file === undefined ? {} : { file }),
+        ...(file === undefined || fromOverrides ? {} : { file }),
         path: lines[0]?.key ?? "",
         message: lines.map((l) => l.line).join("\n")
       })
@@ -134,11 +152,11 @@ export const readFile = Effect.fn("RunConfig.readFile")(function* (file: string)
 export const load = Effect.fn("RunConfig.load")(function* (file: string, overrides: ReadonlyArray<string> = []) {
   const raw = yield* readFile(file)
   const overridden = yield* applyOverrides(raw, overrides)
-  return yield* decode(overridden, file)
+  return yield* decode(overridden, file, overrides)
 })
 
 /** For embedding: a config object (encoded form, as in YAML) + overrides → decoded RunConfig. */
 export const fromObject = (
   raw: typeof RunConfig.Encoded | Record<string, unknown>,
   overrides: ReadonlyArray<string> = []
-) => applyOverrides(raw, overrides).pipe(Effect.flatMap((r) => decode(r)))
+) => applyOverrides(raw, overrides).pipe(Effect.flatMap((r) => decode(r, undefined, overrides)))

@@ -95,6 +95,27 @@ describe("RunConfigLoader", () => {
       assert.strictEqual(ok.pipeline.mode, "async")
     }).pipe(Effect.provide(NodeServices.layer))
   )
+
+  it.effect("blames an override, not the file, for a value the override set", () =>
+    Effect.gen(function* () {
+      const fs = yield* FileSystem.FileSystem
+      const dir = yield* fs.makeTempDirectoryScoped()
+      const file = `${dir}/run.yaml`
+      yield* fs.writeFileString(file, "model:\n  init: {}\ntokenizer:\n  kind: byte\n")
+      const error = yield* RunConfigLoader.load(file, ["trainer.max_steps=abc"]).pipe(Effect.flip)
+      assert.isUndefined(error.file, "the file is fine")
+      assert.strictEqual(error.path, "trainer.max_steps")
+      assert.include(error.message, 'override trainer.max_steps=abc: trainer.max_steps: Expected number (got "abc")')
+      // a whole section set by an override: its keys' problems name it too
+      const section = yield* RunConfigLoader.load(file, ["pipeline={mode: fast}"]).pipe(Effect.flip)
+      assert.include(section.message, "override pipeline={mode: fast}: pipeline.mode")
+      // the file's own problem still names the file, beside an override's
+      yield* fs.writeFileString(file, "model:\n  init: {}\ntokenizer:\n  kind: byte\npipeline:\n  mode: fast\n")
+      const both = yield* RunConfigLoader.load(file, ["trainer.max_steps=abc"]).pipe(Effect.flip)
+      assert.strictEqual(both.file, file)
+      assert.include(both.message, "override trainer.max_steps=abc")
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
 })
 
 /** Runs `body` with a logger that keeps each message in `logs`. */
