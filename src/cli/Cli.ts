@@ -19,6 +19,12 @@ export const root = Command.make("effect-rl").pipe(
   Command.withDescription(
     "Train language-model agents to use tools over many turns with reinforcement learning (Effect 4 + TensorFlow.js)."
   ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} train --config configs/quickstart.yaml`,
+      description: "train the quickstart agent (what npm start runs)"
+    }
+  ]),
   Command.withSubcommands([
     ConfigCommand.command,
     DataCommand.command,

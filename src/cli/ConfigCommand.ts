@@ -17,7 +17,15 @@ const check = Command.make(
     yield* Console.log(ConfigView.toYaml(ConfigView.redact(encoded)))
     yield* Console.error(`ok: ${config} is a valid run config`)
   })
-).pipe(Command.withDescription("Decode and cross-check a run config; print it resolved, secrets redacted"))
+).pipe(
+  Command.withDescription("Decode and cross-check a run config; print it resolved, secrets redacted"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/quickstart.yaml trainer.optimizer.lr=2e-4`,
+      description: "the quickstart config with one override, resolved"
+    }
+  ])
+)
 
 export const command = Command.make("config").pipe(
   Command.withDescription("Work with run configs"),

@@ -57,7 +57,12 @@ const inspect = Command.make(
       return yield* new CliError.UserError({ cause: new Error(message), userMessage: message })
     }
   })
-).pipe(Command.withDescription("Validate a dataset; print row count, env classes, data sources and prompt lengths"))
+).pipe(
+  Command.withDescription("Validate a dataset; print row count, env classes, data sources and prompt lengths"),
+  Command.withExamples(({ commandPath }) => [
+    { command: `${commandPath.join(" ")} data/toolbox/val.jsonl`, description: "check the shipped held-out tasks" }
+  ])
+)
 
 const userError = (message: string) => new CliError.UserError({ cause: new Error(message), userMessage: message })
 
@@ -80,7 +85,7 @@ const refuseOverwrite = Effect.fnUntraced(function* (files: ReadonlyArray<string
 })
 
 const positiveInt = (name: string, fallback: number, description: string) =>
-  Flag.Int(name).pipe(Flag.withDescription(description), Flag.withDefault(fallback))
+  Flag.Int(name).pipe(Flag.withDescription(`${description} (default ${fallback})`), Flag.withDefault(fallback))
 
 const toolbox = Command.make(
   "toolbox",
@@ -88,7 +93,10 @@ const toolbox = Command.make(
     seed: Flag.Int("seed").pipe(Flag.withDescription("PRNG seed: the same seed gives byte-identical files")),
     train: positiveInt("train", 2000, "Train tasks (and demonstrations)"),
     val: positiveInt("val", 200, "Validation tasks"),
-    out: Flag.String("out").pipe(Flag.withDescription("Output directory"), Flag.withDefault("data/toolbox")),
+    out: Flag.String("out").pipe(
+      Flag.withDescription("Output directory (default data/toolbox)"),
+      Flag.withDefault("data/toolbox")
+    ),
     maxOperand: positiveInt("max-operand", ToolboxTasks.defaultKnobs.maxOperand, "Largest operand, quantity or offset"),
     maxChain: positiveInt("max-chain", ToolboxTasks.defaultKnobs.maxChain, "Most calls in an arith_chain task (≥ 2)"),
     families: Flag.String("families").pipe(
@@ -182,7 +190,15 @@ const toolbox = Command.make(
       })
     )
   })
-).pipe(Command.withDescription("Multi-step tasks for the bundled toolbox MCP server, with SFT demonstrations"))
+).pipe(
+  Command.withDescription("Multi-step tasks for the bundled toolbox MCP server, with SFT demonstrations"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --seed 7 --train 500 --val 50 --out runs/toolbox-7`,
+      description: "500 train and 50 held-out tasks in a new directory"
+    }
+  ])
+)
 
 const generate = Command.make("generate").pipe(
   Command.withDescription("Generate datasets"),
@@ -238,7 +254,15 @@ const tauBench = Command.make(
       })
     )
   })
-).pipe(Command.withDescription("tau-bench tasks → SkyRL rows for the tau_bench env (ground-truth actions and outputs)"))
+).pipe(
+  Command.withDescription("tau-bench tasks → SkyRL rows for the tau_bench env (ground-truth actions and outputs)"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --domain retail --split dev --data ../shared/tau-bench --out runs/tau/retail-dev.jsonl`,
+      description: "the retail dev split as SkyRL rows"
+    }
+  ])
+)
 
 const convert = Command.make("convert").pipe(
   Command.withDescription("Convert datasets to SkyRL-format rows"),

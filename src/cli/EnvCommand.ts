@@ -35,7 +35,15 @@ const check = Command.make(
     const c = yield* RunFlags.load(flags.config, flags.overrides)
     yield* EnvCheck.check(c, flags)
   })
-).pipe(Command.withDescription("Replay each task's ground truth through its env; print reward and state hash per task"))
+).pipe(
+  Command.withDescription("Replay each task's ground truth through its env; print reward and state hash per task"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/tau-retail.yaml --tasks runs/tau/retail-dev.jsonl`,
+      description: "replay every converted retail task"
+    }
+  ])
+)
 
 export const command = Command.make("env").pipe(
   Command.withDescription("Environment tools"),

@@ -106,4 +106,12 @@ export const command = Command.make(
     }
     yield* Console.log(JSON.stringify({ event: "eval", report }))
   })
-).pipe(Command.withDescription("Evaluate a policy on the held-out data"))
+).pipe(
+  Command.withDescription("Evaluate a policy on the held-out data"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/quickstart.yaml --model runs/quickstart`,
+      description: "the quickstart run's latest checkpoint on the held-out tasks"
+    }
+  ])
+)

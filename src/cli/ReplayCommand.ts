@@ -32,4 +32,12 @@ export const command = Command.make(
     )
     yield* Console.log(JSON.stringify(summary))
   })
-).pipe(Command.withDescription("Train from a recorded episode log, with no sampling and no tool servers"))
+).pipe(
+  Command.withDescription("Train from a recorded episode log, with no sampling and no tool servers"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/quickstart.yaml --episodes runs/quickstart/episodes.jsonl --run-dir runs/replayed`,
+      description: "train again from the quickstart run's recorded groups"
+    }
+  ])
+)

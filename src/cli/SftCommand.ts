@@ -56,5 +56,11 @@ export const command = Command.make(
 ).pipe(
   Command.withDescription(
     "Supervised fine-tuning on chat data (loss on assistant turns), with eval loss, metrics.jsonl and checkpoints"
-  )
+  ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/sft-quickstart.yaml sft.max_steps=100`,
+      description: "100 steps of the quickstart's warm-start SFT"
+    }
+  ])
 )

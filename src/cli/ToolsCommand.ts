@@ -109,13 +109,24 @@ const list = Command.make(
       )
     )
   }, Effect.scoped)
-).pipe(Command.withDescription("List a server's tools: name, description, input schema"))
+).pipe(
+  Command.withDescription("List a server's tools: name, description, input schema"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --command "node src/toolbox/server.ts"`,
+      description: "the bundled toolbox server's tools"
+    }
+  ])
+)
 
 const call = Command.make(
   "call",
   {
     tool: Argument.String("tool").pipe(Argument.withDescription("Tool name (server__tool when several are mounted)")),
-    args: Flag.String("args").pipe(Flag.withDescription("Arguments as a JSON object"), Flag.withDefault("{}")),
+    args: Flag.String("args").pipe(
+      Flag.withDescription("Arguments as a JSON object (default {})"),
+      Flag.withDefault("{}")
+    ),
     config: configFlag,
     server: serverFlag,
     command: commandFlag,
@@ -150,7 +161,15 @@ const call = Command.make(
       })
     )
   }, Effect.scoped)
-).pipe(Command.withDescription("Call one tool and print its result as JSON; exit 1 on a tool error"))
+).pipe(
+  Command.withDescription("Call one tool and print its result as JSON; exit 1 on a tool error"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} add --command "node src/toolbox/server.ts" --args '{"a": 2, "b": 3}'`,
+      description: "call the toolbox's add"
+    }
+  ])
+)
 
 export const command = Command.make("tools").pipe(
   Command.withDescription("List and call the tools of MCP servers"),

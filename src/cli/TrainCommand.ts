@@ -119,4 +119,12 @@ export const command = Command.make(
     }
     yield* Console.log(JSON.stringify(summary))
   })
-).pipe(Command.withDescription("Train a policy with GRPO/PPO on a run config"))
+).pipe(
+  Command.withDescription("Train a policy with GRPO/PPO on a run config"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --config configs/quickstart.yaml --run-dir runs/my-run trainer.max_steps=50`,
+      description: "50 steps of the quickstart into runs/my-run (add --resume latest to continue it)"
+    }
+  ])
+)
