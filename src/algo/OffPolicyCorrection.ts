@@ -222,7 +222,10 @@ export const apply = (
     if (rolloutLogProbs === undefined) return { loss: tf.clone(loss), lossMask: tf.clone(lossMask), metrics: {} }
     const correction = compute(oldLogProbs, rolloutLogProbs, lossMask, config)
     const corrected = correction.tisRatio === undefined ? tf.clone(loss) : tf.mul(loss, correction.tisRatio) // [B, T]
-    return { loss: corrected, lossMask: correction.lossMask, metrics: correction.metrics }
+    // mean |log π_old − log π_rollout| over loss tokens, whether or not a correction is on: what a quantised or
+    // other engine's behaviour log-probs differ by from the trainer's
+    const logprobDiffAbs = Reduction.maskedMean(tf.abs(tf.sub(oldLogProbs, rolloutLogProbs)), lossMask)
+    return { loss: corrected, lossMask: correction.lossMask, metrics: { ...correction.metrics, logprobDiffAbs } }
   })
 
 // ---------------------------------------------------------------------------------------------------------------

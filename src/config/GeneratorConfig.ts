@@ -10,11 +10,16 @@ export const SamplingConfig = Schema.Struct({
 export type SamplingConfig = typeof SamplingConfig.Type
 
 /**
- * Where generation runs: in-process, in a worker thread, or on OpenAI-compatible servers (ours, vLLM or SGLang;
- * inference/RemoteEngine.ts).
+ * Where generation runs: in-process, in a worker thread, on OpenAI-compatible servers (ours, vLLM or SGLang;
+ * inference/RemoteEngine.ts), or on llama.cpp (inference/LlamaCppEngine.ts).
  */
 export const EngineConfig = Schema.Struct({
-  kind: Schema.Literals(["local", "worker", "remote"]).pipe(withDefault("local")),
+  kind: Schema.Literals(["local", "worker", "remote", "llamacpp"]).pipe(withDefault("local")),
+  // llamacpp (inference/LlamaCppEngine.ts): each version exported as GGUF with this tensor type and sampled by
+  // llama.cpp; files under gguf_dir (default RUN_DIR/weights-gguf). f16 / bf16 / q8_0 behaviour log-probs differ from
+  // the trainer's (policy/rollout_logprob_abs_diff); use trainer.algorithm.off_policy_correction with them
+  gguf_type: Schema.Literals(["f32", "f16", "bf16", "q8_0"]).pipe(withDefault("f32")),
+  gguf_dir: Schema.optionalKey(Schema.NonEmptyString),
   url: Schema.optionalKey(Schema.NonEmptyString),
   // remote: several replicas (with or instead of url); a trajectory's turns stay on one, a replica that fails is
   // taken out and its calls go on at another, and it is let back in on the current weights when healthy

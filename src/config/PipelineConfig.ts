@@ -21,12 +21,14 @@ type EngineKind = EngineConfig["kind"]
 /**
  * The sync each engine kind takes weights by itself: `inprocess` (a local engine samples from the trainer's own
  * variables: only the version moves), `worker` (a worker engine's SharedArrayBuffer board), `http` (upload to a
- * remote `serve`'s /v1/weights with generator.engine.weight_token).
+ * remote `serve`'s /v1/weights with generator.engine.weight_token); llamacpp re-exports the shared variables as GGUF at
+ * each version (or, with `worker`, the copied snapshot's tensors).
  */
 export const ownWeightSync = {
   local: "inprocess",
   worker: "worker",
-  remote: "http"
+  remote: "http",
+  llamacpp: "inprocess"
 } as const satisfies Record<EngineKind, WeightSyncName>
 
 /**
@@ -35,7 +37,11 @@ export const ownWeightSync = {
  * lives in its thread, so only local (the trainer's variables) and remote (a `serve --watch` loads the files) take it.
  */
 export const weightSyncsFor = (kind: EngineKind): ReadonlyArray<WeightSyncName> =>
-  kind === "worker" ? [ownWeightSync[kind]] : [ownWeightSync[kind], "file"]
+  kind === "worker"
+    ? [ownWeightSync[kind]]
+    : kind === "llamacpp"
+      ? ["inprocess", "worker"]
+      : [ownWeightSync[kind], "file"]
 
 /** Fails with a ConfigError naming both keys and the valid values when `pipeline.weight_sync` does not fit the engine. */
 export const checkWeightSync = (sync: WeightSyncName, kind: EngineKind): Effect.Effect<void, ConfigError> => {

@@ -29,6 +29,7 @@ import * as ToolIo from "../env/ToolIo.ts"
 import * as TauEnv from "../env/tau/TauEnv.ts"
 import * as Generator from "../generator/Generator.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
+import * as LlamaCppEngine from "../inference/LlamaCppEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as RemoteEngine from "../inference/RemoteEngine.ts"
 import * as WorkerEngine from "../inference/WorkerEngine.ts"
@@ -130,6 +131,17 @@ const inference = (c: RunConfig, runDir: string) => {
             tokenizer: tok.impl,
             pauseMode: c.pipeline.pause_mode
           })
+        case "llamacpp": {
+          const files = tok.impl.hfFiles()
+          return yield* LlamaCppEngine.make({
+            model,
+            tokenizer: { tokenizerJson: files["tokenizer.json"], tokenizerConfig: files["tokenizer_config.json"] },
+            type: ({ f32: "F32", f16: "F16", bf16: "BF16", q8_0: "Q8_0" } as const)[e.gguf_type],
+            dir: path.resolve(e.gguf_dir ?? `${runDir}/weights-gguf`),
+            maxBatch: e.max_batch_size,
+            decode: (ids) => tok.decode(ids)
+          })
+        }
         case "remote": {
           const apiKey = yield* secret(e.api_key)
           // a LoRA run syncing over http loads each version's adapter through the server's runtime LoRA API,

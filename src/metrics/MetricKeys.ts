@@ -36,6 +36,8 @@ export const train = {
   "loss/kl": "KL loss term against the reference policy (use_kl_loss)",
   "policy/approx_kl": "approximate KL between the policy before and after the step (k3 on the sampled tokens)",
   "policy/clip_frac": "share of tokens whose ratio was clipped",
+  "policy/rollout_logprob_abs_diff":
+    "mean |log π_old − log π_rollout| over loss tokens: how far the engine's behaviour log-probs are from the trainer's (nonzero for a quantised llamacpp export; trainer.algorithm.off_policy_correction reweights by it)",
   "policy/grad_norm": "global gradient norm before clipping",
   "policy/lr": "learning rate of the last update",
   policy_entropy: "mean token entropy of the policy on the step's responses",

@@ -435,6 +435,9 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
         "policy/approx_kl": mean(collected.map((m) => m["approxKl"]!)),
         policy_entropy: mean(collected.map((m) => m["entropy"]!)),
         ...(collected[0]?.["klLoss"] === undefined ? {} : { "loss/kl": mean(collected.map((m) => m["klLoss"]!)) }),
+        ...(collected[0]?.["logprobDiffAbs"] === undefined
+          ? {}
+          : { "policy/rollout_logprob_abs_diff": mean(collected.map((m) => m["logprobDiffAbs"]!)) }),
         "policy/grad_norm": gradNorm,
         "policy/lr": lr
       }
