@@ -118,7 +118,12 @@ const infoCommand = Command.make("info", { model: modelFlag }, ({ model }) =>
     )
     yield* Console.log(JSON.stringify(result))
   })
-).pipe(Command.withDescription("Print a checkpoint's architecture, parameter count and dtype"))
+).pipe(
+  Command.withDescription("Print a checkpoint's architecture, parameter count and dtype"),
+  Command.withExamples(({ commandPath }) => [
+    { command: `${commandPath.join(" ")} --model data/quickstart/policy`, description: "the shipped quickstart policy" }
+  ])
+)
 
 const logprobsCommand = Command.make(
   "logprobs",
@@ -134,7 +139,15 @@ const logprobsCommand = Command.make(
       const values = yield* logprobs(model, parsed)
       yield* Console.log(JSON.stringify({ logprobs: values }))
     })
-).pipe(Command.withDescription("Print the log-prob of each token id after the first, given its prefix"))
+).pipe(
+  Command.withDescription("Print the log-prob of each token id after the first, given its prefix"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --model data/quickstart/policy --ids 72,105,33,10`,
+      description: 'log p of each byte of "Hi!\\n" after the ones before it'
+    }
+  ])
+)
 
 /** A run directory means its latest checkpoint; anything else is taken as a checkpoint directory. */
 const resolveCheckpoint = (dir: string) => Effect.promise(() => Checkpointer.resolveModelDir(dir))
@@ -313,7 +326,23 @@ const exportCommand = Command.make(
           : yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32", options)
       yield* Console.log(JSON.stringify(result))
     })
-).pipe(Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory or a GGUF file"))
+).pipe(
+  Command.withDescription("Write a checkpoint (or a run's latest) as a plain HF directory or a GGUF file"),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --model runs/quickstart --out runs/quickstart/hf`,
+      description: "the run's latest checkpoint as a HF directory"
+    },
+    {
+      command: `${commandPath.join(" ")} --model runs/quickstart-lora --merge --out runs/quickstart-lora/merged`,
+      description: "a LoRA run's adapter merged into its base"
+    },
+    {
+      command: `${commandPath.join(" ")} --model runs/quickstart --format gguf --type q8_0 --out runs/quickstart/policy.gguf`,
+      description: "a GGUF file for llama.cpp / Ollama"
+    }
+  ])
+)
 
 const ggufTypes = { f32: "F32", f16: "F16", bf16: "BF16", q8_0: "Q8_0" } as const
 
