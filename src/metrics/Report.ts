@@ -20,7 +20,7 @@
  * `<script type="application/json">` with `<`, `>`, `&` escaped, and the page's script writes it with `textContent`.
  */
 import { createRequire } from "node:module"
-import { Clock, Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
+import { Cause, Clock, Effect, FileSystem, Option, Path, Schema, Stream } from "effect"
 import { CliError } from "effect/cli"
 import type { RunConfig } from "../config/RunConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
@@ -30,6 +30,7 @@ import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import * as Metrics from "./Metrics.ts"
+import * as ComparePage from "./report-template/ComparePage.ts"
 import * as ReportPage from "./report-template/ReportPage.ts"
 
 export class ReportError extends Schema.TaggedError<ReportError>()("ReportError", {
@@ -462,6 +463,12 @@ export const collect = Effect.fn("Report.collect")(function* (runDir: string, op
   if (!(yield* fs.exists(runDir).pipe(Effect.orElseSucceed(() => false)))) {
     return yield* new ReportError({ path: runDir, message: "no such run directory" })
   }
+  if (!(yield* fs.exists(path.join(runDir, Metrics.fileName)).pipe(Effect.orElseSucceed(() => false)))) {
+    return yield* new ReportError({
+      path: runDir,
+      message: `not a run directory: no ${Metrics.fileName} (train writes it from its first eval or step)`
+    })
+  }
   const records = yield* readJsonl(path.join(runDir, Metrics.fileName), "a metrics record", asMetricRecord)
   const train = columns(records.filter((r) => r["event"] === "train"))
   const evalCols = columns(records.filter((r) => r["event"] === "eval"))
@@ -655,16 +662,25 @@ export const render = (data: Data, assets: { readonly script: string; readonly s
 /** The report's file name in a run directory. */
 export const fileName = "report.html"
 
+/** Write `text` to `file` atomically: a temporary file beside it, then a rename (a reader never sees half a page). */
+const writeAtomic = (file: string, text: string) =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    const tmp = `${file}.${process.pid}.tmp`
+    yield* fs.writeFileString(tmp, text).pipe(
+      Effect.flatMap(() => fs.rename(tmp, file)),
+      Effect.tapError(() => fs.remove(tmp).pipe(Effect.ignore)),
+      Effect.mapError((cause) => new ReportError({ path: file, message: `cannot write: ${cause.message}` }))
+    )
+  })
+
 /** Build the report of `runDir` and write it (default `<runDir>/report.html`); returns the file and its size. */
 export const write = Effect.fn("Report.write")(function* (runDir: string, options: Options = {}) {
-  const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const data = yield* collect(runDir, options)
   const html = render(data, yield* chartAssets())
   const out = options.out ?? path.join(runDir, fileName)
-  yield* fs
-    .writeFileString(out, html)
-    .pipe(Effect.mapError((cause) => new ReportError({ path: out, message: `cannot write: ${cause.message}` })))
+  yield* writeAtomic(out, html)
   return {
     file: out,
     bytes: Buffer.byteLength(html),
@@ -672,3 +688,80 @@ export const write = Effect.fn("Report.write")(function* (runDir: string, option
     episodeSteps: data.episodes.steps.length
   }
 })
+
+/**
+ * Rewrite `<runDir>/report.html` during a run (after an eval or a checkpoint): never fails, a report that cannot be
+ * built or written is a warning; before the run's first record there is nothing to report and nothing is written.
+ */
+export const refresh = (runDir: string): Effect.Effect<void, never, FileSystem.FileSystem | Path.Path> =>
+  Effect.gen(function* () {
+    const fs = yield* FileSystem.FileSystem
+    const path = yield* Path.Path
+    if (!(yield* fs.exists(path.join(runDir, Metrics.fileName)).pipe(Effect.orElseSucceed(() => false)))) return
+    yield* write(runDir)
+  }).pipe(
+    Effect.catchCause((cause) => {
+      const error = Cause.squash(cause)
+      return Cause.hasInterruptsOnly(cause)
+        ? Effect.failCause(cause as Cause.Cause<never>)
+        : Effect.logWarning(`report not refreshed: ${error instanceof Error ? error.message : String(error)}`)
+    }),
+    Effect.withSpan("Report.refresh")
+  )
+
+// ---------------------------------------------------------------------------------------------------------------
+// Several runs on the same charts
+
+/** One run of a comparison: its name (the run directory's), summary and metric columns. */
+export interface CompareRun {
+  readonly name: string
+  readonly runDir: string
+  readonly summary: Data["summary"]
+  readonly train: Columns
+  readonly eval: Columns
+}
+
+export interface CompareData {
+  readonly generatedAt: string
+  readonly runs: ReadonlyArray<CompareRun>
+}
+
+/** Names for run directories: their base names, the paths as given where two base names are the same. */
+export const runNames = (runDirs: ReadonlyArray<string>): Array<string> => {
+  const base = (dir: string) => dir.replace(/\/+$/, "").split("/").pop() || dir
+  const bases = runDirs.map(base)
+  return runDirs.map((dir, i) => (bases.filter((b) => b === bases[i]).length > 1 ? dir : bases[i]!))
+}
+
+/** Read several run directories into one comparison (metrics and summaries; no episodes). */
+export const collectMany = Effect.fn("Report.collectMany")(function* (runDirs: ReadonlyArray<string>) {
+  const names = runNames(runDirs)
+  const runs: Array<CompareRun> = []
+  for (const [i, runDir] of runDirs.entries()) {
+    const data = yield* collect(runDir, { maxSteps: 1, maxGroupsPerStep: 1, maxTokens: 1, maxTotalTokens: 1 })
+    runs.push({ name: names[i]!, runDir: data.runDir, summary: data.summary, train: data.train, eval: data.eval })
+  }
+  const compare: CompareData = { generatedAt: new Date(yield* Clock.currentTimeMillis).toISOString(), runs }
+  return compare
+})
+
+/** Write one page overlaying `runDirs` on the same charts (default `./compare.html`). */
+export const writeMany = Effect.fn("Report.writeMany")(function* (
+  runDirs: ReadonlyArray<string>,
+  options: { readonly out?: string } = {}
+) {
+  const data = yield* collectMany(runDirs)
+  const assets = yield* chartAssets()
+  const html = ComparePage.html({
+    data,
+    dataJson: scriptJson(data),
+    chartScript: assets.script,
+    chartStyle: assets.style
+  })
+  const out = options.out ?? compareFileName
+  yield* writeAtomic(out, html)
+  return { file: out, bytes: Buffer.byteLength(html), runs: data.runs.length }
+})
+
+/** The comparison page's file when `--out` is not given (in the working directory: no run is written to). */
+export const compareFileName = "compare.html"

@@ -12,16 +12,17 @@
  *
  * Around the steps: resume (restore the trainer, publish the restored weights, let the source restore its
  * in-flight groups), truncate `consumed.jsonl` to the checkpoint's step, evaluate before, every `eval_interval`
- * steps and after; checkpoint every `checkpoint.interval` steps and at the last. The run stops early after the step
- * that passes `trainer.max_train_seconds`, or after the step during which a graceful stop was asked for (SIGTERM:
- * StopSignal); either way the last step is checkpointed, and a stop skips the final evaluation.
+ * steps and after; checkpoint every `checkpoint.interval` steps and at the last; with `logging.report`, rewrite
+ * report.html after each evaluation and checkpoint (a warning, never a failure, when it cannot be written). The run
+ * stops early after the step that passes `trainer.max_train_seconds`, or after the step during which a graceful stop
+ * was asked for (SIGTERM: StopSignal); either way the last step is checkpointed, and a stop skips the final evaluation.
  *
  * A trainer fault (an exception inside Trainer.step: the tensor backend out of memory, a non-finite loss) ends the
  * run with a TrainerFault naming the step and its prompts. When the step applied no optimizer update yet, the
  * weights are still those of the step before: the loop checkpoints that step with the failed step's groups in
  * flight, so `--resume latest` trains exactly those groups again instead of regenerating them.
  */
-import { Cause, Clock, Effect, Schema, Stream } from "effect"
+import { Cause, Clock, Effect, type FileSystem, type Path, Schema, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { CheckpointError } from "../domain/Errors.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
@@ -29,6 +30,7 @@ import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as Env from "../env/Env.ts"
 import type * as MetricKeys from "../metrics/MetricKeys.ts"
 import { Metrics } from "../metrics/Metrics.ts"
+import * as Report from "../metrics/Report.ts"
 import { Checkpointer } from "../store/Checkpointer.ts"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import { PolicyModel } from "../trainer/PolicyModel.ts"
@@ -86,12 +88,14 @@ export interface Settings {
   readonly evalInterval: number // trainer.eval_interval (0: none)
   readonly checkpointInterval: number // checkpoint.interval (0: only the last step)
   readonly maxTrainSeconds?: number // trainer.max_train_seconds
+  readonly report?: boolean // logging.report: refresh report.html after each eval and checkpoint
 }
 
 export const settingsOf = (c: RunConfig): Settings => ({
   evalBeforeTrain: c.trainer.eval_before_train,
   evalInterval: c.trainer.eval_interval,
   checkpointInterval: c.checkpoint.interval,
+  report: c.logging.report,
   ...(c.trainer.max_train_seconds === undefined ? {} : { maxTrainSeconds: c.trainer.max_train_seconds })
 })
 
@@ -162,7 +166,7 @@ export const run = <R1, R2>(
 ): Effect.Effect<
   Summary,
   TrainerFault | CheckpointError | ConsumedLog.ConsumedLogError,
-  R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel
+  R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel | FileSystem.FileSystem | Path.Path
 > =>
   Effect.gen(function* () {
     const { settings, runDir } = options
@@ -188,8 +192,10 @@ export const run = <R1, R2>(
     const source = yield* makeSource(start)
     const steps = source.totalSteps
     const evaluate: NonNullable<Options<R1>["evaluate"]> = options.evaluate ?? (() => Effect.succeed(undefined))
+    const refreshReport = settings.report === true ? Report.refresh(runDir) : Effect.void
     const evalBefore =
       settings.evalBeforeTrain && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
+    if (evalBefore !== undefined) yield* refreshReport
 
     const save = (step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
       Effect.gen(function* () {
@@ -300,12 +306,11 @@ export const run = <R1, R2>(
         Effect.gen(function* () {
           last = t
           const step = t.batch.step
-          if (settings.evalInterval > 0 && step % settings.evalInterval === 0 && !t.last) {
-            yield* evaluate(`at step ${step}`, step)
-          }
-          if (t.last || (settings.checkpointInterval > 0 && step % settings.checkpointInterval === 0)) {
-            checkpoint = yield* save(step, yield* trainer.state)
-          }
+          const evaluated = settings.evalInterval > 0 && step % settings.evalInterval === 0 && !t.last
+          if (evaluated) yield* evaluate(`at step ${step}`, step)
+          const saved = t.last || (settings.checkpointInterval > 0 && step % settings.checkpointInterval === 0)
+          if (saved) checkpoint = yield* save(step, yield* trainer.state)
+          if (evaluated || saved) yield* refreshReport
         })
       )
     )

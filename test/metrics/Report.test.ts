@@ -167,6 +167,82 @@ describe("Report.write", () => {
   )
 })
 
+describe("Report without a run", () => {
+  it.effect("fails naming a directory that has no metrics.jsonl, and refresh writes nothing there", () =>
+    Effect.gen(function* () {
+      const dir = mkdtempSync(join(tmpdir(), "effect-rl-report-empty-"))
+      const error = yield* Report.write(dir).pipe(Effect.flip)
+      assert.strictEqual(error._tag, "ReportError")
+      assert.strictEqual(error._tag === "ReportError" ? error.path : undefined, dir)
+      assert.include(error.message, "not a run directory: no metrics.jsonl")
+      yield* Report.refresh(dir)
+      assert.deepStrictEqual(yield* Effect.promise(() => fs.readdir(dir)), [])
+      rmSync(dir, { recursive: true, force: true })
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+
+  it.effect("refresh rewrites report.html atomically (no temporary file left) and only warns when it cannot", () =>
+    Effect.gen(function* () {
+      const runDir = mkdtempSync(join(tmpdir(), "effect-rl-report-refresh-"))
+      yield* SyntheticRun.write(runDir, 4)
+      yield* Report.refresh(runDir)
+      const files = yield* Effect.promise(() => fs.readdir(runDir))
+      assert.include(files, "report.html")
+      assert.isEmpty(files.filter((f) => f.endsWith(".tmp")))
+      assert.strictEqual(embedded(readFileSync(join(runDir, "report.html"), "utf8")).summary.steps, 4)
+      // report.html a directory: cannot be written, and refresh still succeeds
+      yield* Effect.promise(() => fs.rm(join(runDir, "report.html")))
+      yield* Effect.promise(() => fs.mkdir(join(runDir, "report.html")))
+      yield* Report.refresh(runDir)
+      rmSync(runDir, { recursive: true, force: true })
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+})
+
+describe("Report.writeMany", () => {
+  it.effect("overlays runs: one entry per run named by its directory, each with its own curves and summary", () =>
+    Effect.gen(function* () {
+      const root = mkdtempSync(join(tmpdir(), "effect-rl-report-compare-"))
+      const a = join(root, "run-a")
+      const b = join(root, "run-b")
+      yield* SyntheticRun.write(a, 6)
+      yield* SyntheticRun.write(b, 10)
+      const out = join(root, "compare.html")
+      const written = yield* Report.writeMany([a, b], { out })
+      assert.strictEqual(written.runs, 2)
+      const html = readFileSync(out, "utf8")
+      assert.notMatch(html, /<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=/i)
+      assert.include(html, 'id="smoothing"')
+      const data = embedded(html) as unknown as Report.CompareData
+      assert.deepStrictEqual(
+        data.runs.map((r) => r.name),
+        ["run-a", "run-b"]
+      )
+      assert.deepStrictEqual(
+        data.runs.map((r) => r.train.steps.length),
+        [6, 10]
+      )
+      assert.deepStrictEqual(
+        data.runs.map((r) => r.summary.steps),
+        [6, 10]
+      )
+      assert.include(html.slice(html.indexOf("<header>"), html.indexOf("</header>")), "run-b")
+
+      // a directory without a run among them fails naming it
+      const empty = join(root, "empty")
+      yield* Effect.promise(() => fs.mkdir(empty))
+      const error = yield* Report.writeMany([a, empty], { out }).pipe(Effect.flip)
+      assert.strictEqual(error._tag === "ReportError" ? error.path : undefined, empty)
+      rmSync(root, { recursive: true, force: true })
+    }).pipe(Effect.provide(NodeServices.layer))
+  )
+
+  it("names runs by their directories, the paths as given where two share a name", () => {
+    assert.deepStrictEqual(Report.runNames(["runs/a", "runs/b/"]), ["a", "b"])
+    assert.deepStrictEqual(Report.runNames(["x/latest", "y/latest"]), ["x/latest", "y/latest"])
+  })
+})
+
 describe("Report.evenly", () => {
   it("spreads k of n indices with the first and last included", () => {
     assert.deepStrictEqual(Report.evenly(10, 4), [0, 3, 6, 9])

@@ -29,6 +29,21 @@ interface PageReport {
   }>
 }
 
+interface CompareReport {
+  readonly ready: boolean
+  readonly errors: ReadonlyArray<string>
+  readonly smoothing: number
+  readonly runs: ReadonlyArray<{ readonly name: string; readonly colour: string }>
+  readonly charts: ReadonlyArray<{
+    readonly title: string
+    readonly series: ReadonlyArray<{ readonly run: string; readonly key: string; readonly points: number }>
+    readonly plotted?: ReadonlyArray<number>
+    readonly width: number
+  }>
+  readonly values: (title: string, index: number) => Array<number | null> | null
+  readonly setSmoothing: (weight: number) => void
+}
+
 /** The browser globals the checks below read (tsconfig has no DOM lib; these run in the page). */
 interface Node {
   readonly textContent: string | null
@@ -174,6 +189,77 @@ describe.skipIf(!hasChromium)(`report in headless Chromium${skipped}`, () => {
         assert.isAbove(statSync(screenshot).size, 10_000)
         assert.deepStrictEqual(problems, [])
         rmSync(runDir, { recursive: true, force: true })
+      }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)),
+    120_000
+  )
+
+  it.effect(
+    "overlays two runs on every chart in their own colours, legend names the runs, smoothing redraws the curves",
+    () =>
+      Effect.gen(function* () {
+        const root = mkdtempSync(join(tmpdir(), "effect-rl-report-compare-browser-"))
+        yield* SyntheticRun.write(join(root, "run-a"), 20)
+        yield* SyntheticRun.write(join(root, "run-b"), 40)
+        const { file } = yield* Report.writeMany([join(root, "run-a"), join(root, "run-b")], {
+          out: join(root, "compare.html")
+        })
+        const { page } = yield* browserPage
+        const problems: Array<string> = []
+        page.on("console", (m) => {
+          if (m.type() === "error" || m.type() === "warning") problems.push(`console.${m.type()}: ${m.text()}`)
+        })
+        page.on("pageerror", (e) => problems.push(`page error: ${e.message}`))
+        page.on("request", (r) => {
+          if (!r.url().startsWith("file:")) problems.push(`network request: ${r.url()}`)
+        })
+        const report = yield* Effect.promise(async () => {
+          await page.goto(`file://${file}`)
+          await page.waitForFunction(() => (globalThis as unknown as Browser).__report?.ready === true)
+          return page.evaluate(() => (globalThis as unknown as Browser).__report! as unknown as CompareReport)
+        })
+        assert.deepStrictEqual(report.errors, [])
+        assert.deepStrictEqual(
+          report.runs.map((r) => r.name),
+          ["run-a", "run-b"]
+        )
+        assert.notStrictEqual(report.runs[0]!.colour, report.runs[1]!.colour)
+        assert.isAbove(report.charts.length, 10)
+        const reward = report.charts.find((c) => c.title.startsWith("Reward"))!
+        for (const chart of report.charts) {
+          assert.isAbove(chart.width, 200, chart.title)
+          assert.deepStrictEqual([...new Set(chart.series.map((s) => s.run))], ["run-a", "run-b"], chart.title)
+        }
+        // every training series of run-a has 20 points, run-b's 40 (on the union of their steps)
+        for (const [i, s] of reward.series.entries()) {
+          assert.strictEqual(s.points, s.run === "run-a" ? 20 : 40)
+          assert.strictEqual(reward.plotted?.[i], s.points)
+        }
+        const legend = yield* Effect.promise(() =>
+          page.$$eval(".chart-card .u-legend .u-series th", (ths) => ths.map((t) => t.textContent ?? ""))
+        )
+        assert.isTrue(legend.some((t) => t.includes("run-a")))
+        assert.isTrue(legend.some((t) => t.includes("run-b")))
+
+        // smoothing: the curves change, their recorded points stay
+        const title = reward.title
+        const smoothed = yield* Effect.promise(() =>
+          page.evaluate((t) => {
+            const r = (globalThis as unknown as { __report: CompareReport }).__report
+            const raw = r.values(t, 1)
+            r.setSmoothing(0.9)
+            return { raw, smooth: r.values(t, 1), smoothing: r.smoothing }
+          }, title)
+        )
+        assert.strictEqual(smoothed.smoothing, 0.9)
+        assert.notDeepEqual(smoothed.raw, smoothed.smooth)
+        assert.strictEqual(
+          smoothed.smooth!.filter((v) => v !== null).length,
+          smoothed.raw!.filter((v) => v !== null).length
+        )
+        const shown = yield* Effect.promise(() => page.textContent("#smoothing-value"))
+        assert.strictEqual(shown, "0.90")
+        assert.deepStrictEqual(problems, [])
+        rmSync(root, { recursive: true, force: true })
       }).pipe(Effect.scoped, Effect.provide(NodeServices.layer)),
     120_000
   )

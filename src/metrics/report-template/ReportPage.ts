@@ -71,7 +71,7 @@ ${evalTable(s.evalBefore, s.evalAfter)}
 </header>`
 }
 
-const style = `
+export const style = `
 :root { --fg: #1d2330; --muted: #667085; --line: #e4e7ec; --bg: #f7f8fa; --card: #fff;
   --sampled-bg: #d3f2dc; --sampled-fg: #0b5d27; --ctx-bg: #eceef2; --ctx-fg: #4a5261; --accent: #3056d3; }
 * { box-sizing: border-box; }
@@ -127,6 +127,35 @@ table.tools pre { margin: 0; white-space: pre-wrap; word-break: break-word; font
 tr.tool-error td { background: #fff4f3; }
 .parse-error { color: #9b231a; font-size: 12px; margin: 4px 0; }
 details.config pre { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px; overflow: auto; font-size: 12px; }
+`
+
+/** The charts' axes and ranges, shared with the comparison page (browser code, ES2020). */
+export const chartHelpers = String.raw`
+  // steps are integers: no ticks between them
+  var STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
+  // a flat series gets a small band around its value (uPlot's default for 0 is 0..100)
+  function yRange(u, min, max) {
+    if (min === null || max === null) return [0, 1];
+    if (min === max) { var pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
+    var span = max - min;
+    return [min - span * 0.08, max + span * 0.08];
+  }
+  // tick labels with as many decimals as the spacing between ticks has (0.25 → 2, 0.0005 → 4)
+  function axisValues(u, splits) {
+    var step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 1;
+    var written = String(parseFloat(step.toPrecision(6)));
+    var decimals = written.indexOf("e-") >= 0 ? Number(written.split("e-")[1]) : written.indexOf(".") >= 0 ? written.length - written.indexOf(".") - 1 : 0;
+    return splits.map(function (v) {
+      var a = Math.abs(v);
+      return a !== 0 && (a >= 1e6 || a < 1e-4) ? v.toExponential(1) : v.toFixed(Math.min(decimals, 8));
+    });
+  }
+  // the y axis is as wide as its longest label
+  function axisSize(u, values) {
+    var longest = (values || []).reduce(function (n, v) { return Math.max(n, String(v).length); }, 3);
+    return 24 + longest * 7;
+  }
+
 `
 
 /** The page script (runs in the browser; plain ES2020, no imports). */
@@ -206,31 +235,7 @@ const script = String.raw`
     return plot;
   }
 
-  // steps are integers: no ticks between them
-  var STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
-  // a flat series gets a small band around its value (uPlot's default for 0 is 0..100)
-  function yRange(u, min, max) {
-    if (min === null || max === null) return [0, 1];
-    if (min === max) { var pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
-    var span = max - min;
-    return [min - span * 0.08, max + span * 0.08];
-  }
-  // tick labels with as many decimals as the spacing between ticks has (0.25 → 2, 0.0005 → 4)
-  function axisValues(u, splits) {
-    var step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 1;
-    var written = String(parseFloat(step.toPrecision(6)));
-    var decimals = written.indexOf("e-") >= 0 ? Number(written.split("e-")[1]) : written.indexOf(".") >= 0 ? written.length - written.indexOf(".") - 1 : 0;
-    return splits.map(function (v) {
-      var a = Math.abs(v);
-      return a !== 0 && (a >= 1e6 || a < 1e-4) ? v.toExponential(1) : v.toFixed(Math.min(decimals, 8));
-    });
-  }
-  // the y axis is as wide as its longest label
-  function axisSize(u, values) {
-    var longest = (values || []).reduce(function (n, v) { return Math.max(n, String(v).length); }, 3);
-    return 24 + longest * 7;
-  }
-
+${chartHelpers}
   var charts = [];
   var grid = document.getElementById("charts");
   CHARTS.forEach(function (spec) {
