@@ -20,6 +20,7 @@ import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as GgufExport from "../model/GgufExport.ts"
+import * as HfCache from "../model/HfCache.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Lora from "../model/Lora.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
@@ -28,7 +29,9 @@ import * as TensorFile from "../native/TensorFile.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 
 const modelFlag = Flag.String("model").pipe(
-  Flag.withDescription("a HF checkpoint directory (config.json + safetensors)")
+  Flag.withDescription(
+    "a HF checkpoint directory (config.json + safetensors), or org/name[@revision] from the Hugging Face cache"
+  )
 )
 const backendFlag = Flag.Literals("backend", [
   "auto",
@@ -45,8 +48,9 @@ const loadModel = (dir: string) =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {
-        TensorBackend.checkModelFits(await Checkpoint.readConfig(dir))
-        return TensorFile.load(dir)
+        const resolved = HfCache.resolve(dir) // a directory, or org/name[@revision] from the Hugging Face cache
+        TensorBackend.checkModelFits(await Checkpoint.readConfig(resolved))
+        return TensorFile.load(resolved)
       },
       catch: (cause) =>
         new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
@@ -64,8 +68,13 @@ const parseIds = (text: string): Effect.Effect<Array<number>, ConfigError> => {
 }
 
 /** What `model info` prints. */
-export const info = (dir: string) =>
+export const info = (spec: string) =>
   Effect.gen(function* () {
+    const dir = yield* Effect.try({
+      try: () => HfCache.resolve(spec), // a directory, or org/name[@revision] from the Hugging Face cache
+      catch: (cause) =>
+        new CheckpointError({ path: spec, message: cause instanceof Error ? cause.message : String(cause) })
+    })
     const config = yield* Effect.tryPromise({
       try: () => Checkpoint.readConfig(dir),
       catch: (cause) =>

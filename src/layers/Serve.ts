@@ -18,6 +18,7 @@ import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
+import * as HfCache from "../model/HfCache.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as TensorFile from "../native/TensorFile.ts"
@@ -77,7 +78,15 @@ const checkLimits = (options: ServeOptions, positions: number) => {
  * Load the checkpoint and serve it until the scope closes; returns the URL it listens on. The tensor backend must be
  * initialised already.
  */
-export const start = Effect.fnUntraced(function* (options: ServeOptions) {
+export const start = Effect.fnUntraced(function* (given: ServeOptions) {
+  // a directory, or org/name[@revision] from the Hugging Face cache (served under that name)
+  const modelDir = yield* Effect.try({
+    try: () => HfCache.resolve(given.model),
+    catch: (cause) =>
+      new CheckpointError({ path: given.model, message: cause instanceof Error ? cause.message : String(cause) })
+  })
+  const options: ServeOptions =
+    modelDir === given.model ? given : { ...given, model: modelDir, modelName: given.modelName ?? given.model }
   const { model } = yield* Effect.acquireRelease(
     Effect.tryPromise({
       try: async () => {

@@ -2,8 +2,8 @@
  * HF checkpoint directories: `config.json` + `model.safetensors` (or shards listed in `model.safetensors.index.json`)
  * [+ `generation_config.json`], the layout HF transformers' `from_pretrained` and vLLM load.
  *
- * This is the one file in model/ that touches the file system (Promise-based `node:fs`); the Effect shell wraps it
- * and maps `CheckpointLoadError` to the domain `CheckpointError`.
+ * This and HfCache.ts (which only finds a directory by model name) are the files in model/ that touch the file system
+ * (`node:fs`); the Effect shell wraps them and maps `CheckpointLoadError` to the domain `CheckpointError`.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"

@@ -6,6 +6,7 @@
  */
 import { Effect, FileSystem, Layer } from "effect"
 import type { TokenizerConfig } from "../config/TokenizerConfig.ts"
+import * as HfCache from "../model/HfCache.ts"
 import * as ByteTokenizer from "./ByteTokenizer.ts"
 import * as HfTokenizer from "./HfTokenizer.ts"
 import { fromImpl, Tokenizer, TokenizerError, type TokenizerImpl } from "./Tokenizer.ts"
@@ -74,7 +75,20 @@ const resolveTemplate = Effect.fnUntraced(function* (value: string | undefined) 
  */
 export const fromConfig = Effect.fnUntraced(function* (config: TokenizerConfig, modelDir?: string) {
   const chatTemplate = yield* resolveTemplate(config.chat_template)
-  const dir = config.path ?? (config.kind === "hf" ? modelDir : undefined)
+  const spec = config.path ?? (config.kind === "hf" ? modelDir : undefined)
+  // a directory, or org/name[@revision] from the Hugging Face cache
+  const dir =
+    spec === undefined
+      ? undefined
+      : yield* Effect.try({
+          try: () => HfCache.resolve(spec),
+          catch: (cause) =>
+            new TokenizerError({
+              reason: "NotFound",
+              path: spec,
+              message: cause instanceof Error ? cause.message : String(cause)
+            })
+        })
   if (dir === undefined) {
     if (config.kind === "hf") {
       return yield* new TokenizerError({

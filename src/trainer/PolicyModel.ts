@@ -15,6 +15,7 @@ import * as TensorBackend from "../backend/TensorBackend.ts"
 import type { ModelConfig } from "../config/ModelConfig.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
+import * as HfCache from "../model/HfCache.ts"
 import * as Lora from "../model/Lora.ts"
 import * as HfConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
@@ -92,10 +93,11 @@ export const load = (
     )
   }
   if (config.path !== undefined) {
-    const dir = config.path
+    const spec = config.path
     const frozen = lora === undefined || config.lora.base_dtype !== "bfloat16" ? undefined : frozenBy(lora)
     return Effect.tryPromise({
       try: async () => {
+        const dir = HfCache.resolve(spec) // a directory, or org/name[@revision] from the Hugging Face cache
         TensorBackend.checkModelFits(await Checkpoint.readConfig(dir), useOf(config))
         return TensorFile.load(
           dir,
@@ -103,7 +105,7 @@ export const load = (
         )
       },
       catch: (cause) =>
-        new CheckpointError({ path: dir, message: cause instanceof Error ? cause.message : String(cause) })
+        new CheckpointError({ path: spec, message: cause instanceof Error ? cause.message : String(cause) })
     }).pipe(Effect.flatMap((loaded) => withAdapters(loaded.model, config, options)))
   }
   const init = config.init!
