@@ -46,5 +46,12 @@ export const command = Command.make(
 ).pipe(
   Command.withDescription(
     "Write a run's HTML report (training curves, eval before/after, trajectory viewer), or overlay several runs' curves"
-  )
+  ),
+  Command.withExamples(({ commandPath }) => [
+    { command: `${commandPath.join(" ")} runs/quickstart`, description: "runs/quickstart/report.html" },
+    {
+      command: `${commandPath.join(" ")} runs/quickstart runs/quickstart-lora --out compare.html`,
+      description: "full-parameter and LoRA runs on the same charts"
+    }
+  ])
 )
