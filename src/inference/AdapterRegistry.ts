@@ -43,6 +43,13 @@ export interface ServedModel {
   readonly engine: InferenceEngine["Service"]
   /** `log p(ids[t] | ids[<t])` for t ≥ 1 under the served weights. */
   readonly promptLogprobs?: (ids: ReadonlyArray<number>) => Promise<ReadonlyArray<number>>
+  /** The `k` most likely tokens at each position ≥ `from` under softmax(z / τ) (LogProbs.topK), for `top_logprobs`. */
+  readonly topLogprobs?: (
+    ids: ReadonlyArray<number>,
+    from: number,
+    k: number,
+    temperature: number
+  ) => Promise<ReadonlyArray<ReadonlyArray<LogProbs.Alternative>>>
 }
 
 export interface LoadedAdapter {
@@ -190,7 +197,11 @@ export const make = Effect.fnUntraced(function* (options: AdapterRegistryOptions
       Effect.map((entry): ServedModel | undefined =>
         entry === undefined
           ? undefined
-          : { engine: entry.engine, promptLogprobs: (ids) => LogProbs.ofIds(entry.view, ids) }
+          : {
+              engine: entry.engine,
+              promptLogprobs: (ids) => LogProbs.ofIds(entry.view, ids),
+              topLogprobs: (ids, from, k, temperature) => LogProbs.topK(entry.view, ids, from, k, temperature)
+            }
       )
     )
 

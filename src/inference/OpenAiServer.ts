@@ -74,6 +74,7 @@ import type { Message, ToolCallWire } from "../domain/Message.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as ToolCallParser from "../env/ToolCallParser.ts"
+import type * as LogProbs from "../model/LogProbs.ts"
 import * as Safetensors from "../model/Safetensors.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
@@ -98,9 +99,26 @@ export interface ServerOptions {
   readonly maxWeightBytes?: number
   /** `log p(ids[t] | ids[<t])` for t ≥ 1 under the served weights, for `prompt_logprobs`; absent = unsupported. */
   readonly promptLogprobs?: (ids: ReadonlyArray<number>) => Promise<ReadonlyArray<number>>
+  /** The `k` most likely tokens per sampled position (LogProbs.topK), for `top_logprobs`; absent = unsupported. */
+  readonly topLogprobs?: ServedModel["topLogprobs"]
   /** LoRA adapters loaded at run time (vLLM's `/v1/load_lora_adapter`); absent = those routes answer 404. */
   readonly adapters?: AdapterRegistry
+  /** How a chat request's `tools` reach the prompt; default: the chat template renders them (`templateTools`). */
+  readonly toolPrompt?: ToolPrompt
 }
+
+/**
+ * How the tools a chat request offers are put in front of the model: the messages to render and the tools the chat
+ * template is given (none: the template adds no tool prompt). `serve` picks one from the served run's
+ * `environment.tool_prompt` (layers/Serve.ts), so the policy sees the tools as it saw them in training.
+ */
+export type ToolPrompt = (
+  messages: ReadonlyArray<Message>,
+  tools: ReadonlyArray<ToolDefinition>
+) => { readonly messages: ReadonlyArray<Message>; readonly tools: ReadonlyArray<ToolDefinition> }
+
+/** The chat template renders the tools (its own tool system prompt): `tool_prompt: template`, and vLLM's way. */
+export const templateTools: ToolPrompt = (messages, tools) => ({ messages, tools })
 
 /**
  * 32 bytes per token of context, at least 1 MiB: a whole context of text (a token is rarely over 8 characters, a
@@ -151,6 +169,7 @@ const errorTypes: Record<number, string> = {
   403: "ForbiddenError",
   404: "NotFoundError",
   409: "ConflictError",
+  405: "MethodNotAllowedError",
   413: "RequestEntityTooLargeError",
   500: "InternalServerError",
   502: "BadGatewayError",
@@ -321,12 +340,15 @@ const requestsOf = (prompts: ReadonlyArray<ReadonlyArray<number>>, s: Sampling, 
 export const completionLogprobs = (
   tokenizer: TokenizerImpl,
   result: Pick<GenerateResult, "tokens" | "logprobs">,
-  tokensAsIds: boolean
+  tokensAsIds: boolean,
+  alternatives?: ReadonlyArray<ReadonlyArray<LogProbs.Alternative>>,
+  offset = 0
 ) => {
+  const name = (id: number) => (tokensAsIds ? `token_id:${id}` : tokenizer.decode([id]))
   const pieces = result.tokens.map((id) => tokenizer.decode([id]))
-  const tokens = tokensAsIds ? result.tokens.map((id) => `token_id:${id}`) : pieces
+  const tokens = result.tokens.map(name)
   const textOffset: Array<number> = []
-  let at = 0
+  let at = offset
   for (const piece of pieces) {
     textOffset.push(at)
     at += piece.length
@@ -334,9 +356,128 @@ export const completionLogprobs = (
   return {
     tokens,
     token_logprobs: [...result.logprobs],
-    top_logprobs: tokens.map((t, i) => ({ [t]: result.logprobs[i]! })),
+    // vLLM's: the k most likely tokens and the sampled one (k + 1 entries when it is not among them)
+    top_logprobs: tokens.map((t, i) => {
+      const top: Record<string, number> = {}
+      for (const a of alternatives?.[i] ?? []) top[name(a.id)] ??= a.logprob
+      top[t] ??= result.logprobs[i]!
+      return top
+    }),
     text_offset: textOffset
   }
+}
+
+/** The chat `logprobs.content` entries of sampled tokens, with their `top_logprobs` alternatives. */
+const chatLogprobs = (
+  tokenizer: TokenizerImpl,
+  tokens: ReadonlyArray<number>,
+  logprobs: ReadonlyArray<number>,
+  tokensAsIds: boolean,
+  alternatives?: ReadonlyArray<ReadonlyArray<LogProbs.Alternative>>
+) => {
+  const entry = (id: number, logprob: number) => {
+    const piece = tokenizer.decode([id])
+    return { token: tokensAsIds ? `token_id:${id}` : piece, logprob, bytes: [...Buffer.from(piece, "utf8")] }
+  }
+  return tokens.map((id, i) => ({
+    ...entry(id, logprobs[i]!),
+    top_logprobs: (alternatives?.[i] ?? []).map((a) => entry(a.id, a.logprob))
+  }))
+}
+
+/**
+ * The alternatives of every result (`k` per sampled token), or undefined for k = 0. Computed after sampling by one
+ * teacher-forced pass over prompt + completion on the weights as they are then (a weight update during the request
+ * makes them the new weights' alternatives).
+ */
+const alternativesOf = (
+  served: ServedModel,
+  requests: ReadonlyArray<GenerateRequest>,
+  results: ReadonlyArray<GenerateResult>,
+  k: number
+) => {
+  if (k === 0) return Effect.succeed(undefined)
+  const score = served.topLogprobs
+  if (score === undefined) return fail(`"top_logprobs" is not supported by this server`, 400, "top_logprobs")
+  return Effect.forEach(results, (r, i) => {
+    const request = requests[i]!
+    return Effect.promise(() =>
+      score([...request.promptIds, ...r.tokens], request.promptIds.length, k, request.sampling.temperature)
+    )
+  })
+}
+
+/** vLLM's default `--max-logprobs`: the most alternatives a request may ask for. */
+const maxTopLogprobs = 20
+
+/**
+ * Each token's share of the text, as a streamed delta: the text decoded so far minus what earlier deltas gave; a
+ * piece that ends inside a UTF-8 character (U+FFFD at the end) waits for the tokens that complete it.
+ */
+const textDeltas = (tokenizer: TokenizerImpl, tokens: ReadonlyArray<number>): Array<string> => {
+  let sent = ""
+  return tokens.map((_, i) => {
+    const text = tokenizer.decode(tokens.slice(0, i + 1))
+    if (i < tokens.length - 1 && text.endsWith("\uFFFD")) return ""
+    const delta = text.startsWith(sent) ? text.slice(sent.length) : text.slice(Math.min(sent.length, text.length))
+    sent = text
+    return delta
+  })
+}
+
+/**
+ * A Server-Sent Events answer: each event as `data: <json>`, then `data: [DONE]`, as OpenAI and vLLM stream. The
+ * events are sent once the generation has ended (the engine returns whole completions), so streaming changes the wire
+ * shape, not the time to the first token.
+ */
+const sse = (events: ReadonlyArray<unknown>) => {
+  const encoder = new TextEncoder()
+  const lines = [...events.map((e) => `data: ${JSON.stringify(e)}\n\n`), "data: [DONE]\n\n"]
+  return HttpServerResponse.stream(Stream.fromIterable(lines.map((line) => encoder.encode(line))), {
+    contentType: "text/event-stream",
+    headers: { "cache-control": "no-cache" }
+  })
+}
+
+/** `stream` and `stream_options.include_usage`. */
+const streamingOf = (body: Json) => {
+  const stream = body["stream"] === true
+  const options = body["stream_options"]
+  const includeUsage = typeof options === "object" && options !== null && (options as Json)["include_usage"] === true
+  if (!stream && options !== undefined && options !== null) {
+    return fail("Stream options can only be defined when `stream=True`.", 400, "stream_options")
+  }
+  return Effect.succeed({ stream, includeUsage })
+}
+
+/** What `tool_choice` asks of a chat reply. */
+type ToolChoice = { readonly kind: "none" | "auto" | "required" } | { readonly kind: "named"; readonly name: string }
+
+/** `tool_choice` read and checked against `tools`, with vLLM's refusals. Absent: `auto` with tools, else `none`. */
+const toolChoiceOf = (body: Json, tools: ReadonlyArray<ToolDefinition>) => {
+  const choice = body["tool_choice"]
+  if (choice === undefined || choice === null)
+    return Effect.succeed<ToolChoice>({ kind: tools.length > 0 ? "auto" : "none" })
+  if (choice === "none") return Effect.succeed<ToolChoice>({ kind: "none" })
+  if (tools.length === 0) {
+    return fail("When using `tool_choice`, `tools` must be set.", 400, "tool_choice")
+  }
+  if (choice === "auto" || choice === "required") return Effect.succeed<ToolChoice>({ kind: choice })
+  const name =
+    typeof choice === "object" && (choice as Json)["type"] === "function"
+      ? ((choice as Json)["function"] as Json | undefined)?.["name"]
+      : undefined
+  if (typeof name !== "string") {
+    return fail(
+      `"tool_choice" must be "none", "auto", "required" or {"type": "function", "function": {"name": …}}`,
+      400,
+      "tool_choice"
+    )
+  }
+  if (!tools.some((t) => t.function.name === name)) {
+    return fail(`Tool '${name}' has not been passed in \`tools\`.`, 400, "tool_choice")
+  }
+  return Effect.succeed<ToolChoice>({ kind: "named", name })
 }
 
 /**
@@ -376,12 +517,14 @@ const promptLogprobsOf = (
 /** The assistant message of a chat completion: tool calls read out of the text when the request offered tools. */
 export const chatMessage = (
   text: string,
-  toolsOffered: boolean
+  toolsOffered: boolean,
+  only?: string
 ): { readonly message: Json; readonly finishReason: "tool_calls" | undefined } => {
   if (!toolsOffered) return { message: { role: "assistant", content: text }, finishReason: undefined }
   const parsed = ToolCallParser.parse(text, "auto")
-  if (parsed.calls.length === 0) return { message: { role: "assistant", content: text }, finishReason: undefined }
-  const toolCalls: Array<ToolCallWire> = parsed.calls.map((call) => ({
+  const calls = only === undefined ? parsed.calls : parsed.calls.filter((call) => call.name === only)
+  if (calls.length === 0) return { message: { role: "assistant", content: text }, finishReason: undefined }
+  const toolCalls: Array<ToolCallWire> = calls.map((call) => ({
     id: call.id,
     type: "function",
     function: { name: call.name, arguments: ToolCallParser.pythonJson(call.arguments) }
@@ -520,6 +663,17 @@ const usage = (prompts: number, completions: number) => ({
   total_tokens: prompts + completions
 })
 
+/** The paths this API serves and their methods, for the 405s of the catch-all route. */
+const knownRoutes: Record<string, ReadonlyArray<string>> = {
+  "/health": ["GET"],
+  "/v1/models": ["GET"],
+  "/v1/completions": ["POST"],
+  "/v1/chat/completions": ["POST"],
+  "/v1/weights": ["POST"],
+  "/v1/load_lora_adapter": ["POST"],
+  "/v1/unload_lora_adapter": ["POST"]
+}
+
 /** Constant-time check of `Authorization: Bearer <token>`. */
 const authorised = (request: HttpServerRequest.HttpServerRequest, token: string): boolean => {
   const header = request.headers["authorization"] ?? ""
@@ -538,8 +692,10 @@ export const routes = (options: ServerOptions) =>
       const uploads = WeightUpload.assembler({ maxBytes: options.maxWeightBytes ?? 4 * 1024 ** 3 })
       const base: ServedModel = {
         engine,
-        ...(options.promptLogprobs === undefined ? {} : { promptLogprobs: options.promptLogprobs })
+        ...(options.promptLogprobs === undefined ? {} : { promptLogprobs: options.promptLogprobs }),
+        ...(options.topLogprobs === undefined ? {} : { topLogprobs: options.topLogprobs })
       }
+      const toolPrompt = options.toolPrompt ?? templateTools
       const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
         effect.pipe(Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))))
 
@@ -549,39 +705,38 @@ export const routes = (options: ServerOptions) =>
         Effect.map(engine.version, (v) => HttpServerResponse.jsonUnsafe({ status: "ok", policy_version: v }))
       )
 
+      /** The model cards: the base, then each LoRA adapter (vLLM's: `root` the adapter's path, `parent` the base). */
+      const modelCards = Effect.gen(function* () {
+        const created = yield* secondsNow
+        const version = yield* engine.version
+        const adapters = options.adapters === undefined ? [] : yield* options.adapters.list
+        return [
+          {
+            id: modelName,
+            object: "model",
+            created,
+            owned_by: "effect-rl",
+            root: modelName,
+            parent: null,
+            max_model_len: maxModelLen,
+            policy_version: version
+          },
+          ...adapters.map((a) => ({
+            id: a.name,
+            object: "model",
+            created,
+            owned_by: "effect-rl",
+            root: a.path,
+            parent: modelName,
+            max_model_len: null
+          }))
+        ]
+      })
+
       yield* router.add(
         "GET",
         "/v1/models",
-        Effect.gen(function* () {
-          const created = yield* secondsNow
-          const version = yield* engine.version
-          const adapters = options.adapters === undefined ? [] : yield* options.adapters.list
-          return HttpServerResponse.jsonUnsafe({
-            object: "list",
-            data: [
-              {
-                id: modelName,
-                object: "model",
-                created,
-                owned_by: "effect-rl",
-                root: modelName,
-                parent: null,
-                max_model_len: maxModelLen,
-                policy_version: version
-              },
-              // vLLM's LoRA model cards: `root` the adapter's path, `parent` the base
-              ...adapters.map((a) => ({
-                id: a.name,
-                object: "model",
-                created,
-                owned_by: "effect-rl",
-                root: a.path,
-                parent: modelName,
-                max_model_len: null
-              }))
-            ]
-          })
-        })
+        Effect.map(modelCards, (data) => HttpServerResponse.jsonUnsafe({ object: "list", data }))
       )
 
       yield* router.add("POST", "/v1/completions", (request) =>
@@ -589,39 +744,97 @@ export const routes = (options: ServerOptions) =>
           Effect.gen(function* () {
             const body = yield* readJsonBody(request, maxRequestBytes)
             const { name, served } = yield* servedFor(body, options, base)
-            if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
+            const { stream, includeUsage } = yield* streamingOf(body)
             const prompts = yield* promptRows(body, tokenizer)
             const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"], maxN)
+            // legacy `logprobs: k`: the sampled token's log-prob and the k most likely tokens
+            const topK = yield* optionalInt(body, "logprobs", 0, maxTopLogprobs)
             const requests = yield* requestsOf(prompts, sampling, maxModelLen)
             const results = yield* generateAll(served.engine, requests)
-            const wantLogprobs = body["logprobs"] !== undefined && body["logprobs"] !== null
+            const alternatives = yield* alternativesOf(served, requests, results, topK ?? 0)
             const tokensAsIds = body["return_tokens_as_token_ids"] === true
+            const returnTokenIds = body["return_token_ids"] === true
             const promptLogprobs = yield* promptLogprobsOf(body, served.promptLogprobs, tokenizer, prompts)
             const created = yield* secondsNow
+            const id = `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`
+            const usageOf = usage(
+              requests.reduce((n, r) => n + r.promptIds.length, 0),
+              results.reduce((n, r) => n + r.tokens.length, 0)
+            )
+            const extras = (index: number) => ({
+              ...(returnTokenIds ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
+              ...(promptLogprobs === undefined
+                ? {}
+                : { prompt_logprobs: promptLogprobs[Math.floor(index / sampling.n)] })
+            })
+            if (stream) {
+              // vLLM's CompletionStreamResponse: one chunk per token, `token_ids` of that token, the prompt's ids on
+              // a choice's first chunk (vllm/entrypoints/openai/completion/protocol.py, `CompletionResponseStreamChoice`)
+              const chunk = (choices: ReadonlyArray<unknown>, extra: Json = {}) => ({
+                id,
+                object: "text_completion",
+                created,
+                model: name,
+                choices,
+                ...(includeUsage ? { usage: null } : {}),
+                ...extra
+              })
+              const events: Array<unknown> = []
+              results.forEach((r, index) => {
+                const deltas = textDeltas(tokenizer, r.tokens)
+                let offset = 0
+                r.tokens.forEach((token, t) => {
+                  const last = t === r.tokens.length - 1
+                  events.push(
+                    chunk([
+                      {
+                        index,
+                        text: deltas[t]!,
+                        logprobs:
+                          topK === undefined
+                            ? null
+                            : completionLogprobs(
+                                tokenizer,
+                                { tokens: [token], logprobs: [r.logprobs[t]!] },
+                                tokensAsIds,
+                                alternatives === undefined ? undefined : [alternatives[index]![t]!],
+                                offset
+                              ),
+                        finish_reason: last ? r.finishReason : null,
+                        stop_reason: null,
+                        token_ids: [token],
+                        ...(t === 0 ? extras(index) : {}),
+                        ...(last
+                          ? { policy_version_first: r.policyVersionFirst, policy_version_last: r.policyVersionLast }
+                          : {})
+                      }
+                    ])
+                  )
+                  offset += tokenizer.decode([token]).length
+                })
+              })
+              if (includeUsage) events.push(chunk([], { usage: usageOf }))
+              return sse(events)
+            }
             const choices = results.map((r, index) => ({
               index,
               text: tokenizer.decode(r.tokens),
-              logprobs: wantLogprobs ? completionLogprobs(tokenizer, r, tokensAsIds) : null,
+              logprobs:
+                topK === undefined ? null : completionLogprobs(tokenizer, r, tokensAsIds, alternatives?.[index]),
               finish_reason: r.finishReason,
               stop_reason: null,
               token_ids: [...r.tokens],
-              ...(body["return_token_ids"] === true ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
-              ...(promptLogprobs === undefined
-                ? {}
-                : { prompt_logprobs: promptLogprobs[Math.floor(index / sampling.n)] }),
+              ...extras(index),
               policy_version_first: r.policyVersionFirst,
               policy_version_last: r.policyVersionLast
             }))
             return HttpServerResponse.jsonUnsafe({
-              id: `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
+              id,
               object: "text_completion",
               created,
               model: name,
               choices,
-              usage: usage(
-                requests.reduce((n, r) => n + r.promptIds.length, 0),
-                results.reduce((n, r) => n + r.tokens.length, 0)
-              )
+              usage: usageOf
             })
           }).pipe(Effect.scoped)
         )
@@ -632,15 +845,22 @@ export const routes = (options: ServerOptions) =>
           Effect.gen(function* () {
             const body = yield* readJsonBody(request, maxRequestBytes)
             const { name, served } = yield* servedFor(body, options, base)
-            if (body["stream"] === true) return yield* fail(`"stream" is not supported`, 400, "stream")
+            const { stream, includeUsage } = yield* streamingOf(body)
             const messages = yield* readMessages(body)
-            const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : undefined
-            const toolsOffered = tools !== undefined && tools.length > 0 && body["tool_choice"] !== "none"
+            const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
+            const toolChoice = yield* toolChoiceOf(body, tools)
+            const wantLogprobs = body["logprobs"] === true
+            const topK = (yield* optionalInt(body, "top_logprobs", 0, maxTopLogprobs)) ?? 0
+            if (topK > 0 && !wantLogprobs) {
+              return yield* fail("when using `top_logprobs`, `logprobs` must be set to true.", 400, "top_logprobs")
+            }
+            // the tools reach the prompt as the served policy was trained to see them (`toolPrompt`)
+            const prompt = tools.length > 0 ? toolPrompt(messages, tools) : { messages, tools: [] }
             const promptIds = yield* Effect.try({
               try: () =>
-                tokenizer.applyChatTemplateIds(messages, {
+                tokenizer.applyChatTemplateIds(prompt.messages, {
                   addGenerationPrompt: true,
-                  ...(tools !== undefined && tools.length > 0 ? { tools } : {}),
+                  ...(prompt.tools.length > 0 ? { tools: prompt.tools } : {}),
                   ...(typeof body["chat_template_kwargs"] === "object" && body["chat_template_kwargs"] !== null
                     ? (body["chat_template_kwargs"] as Json)
                     : {})
@@ -650,30 +870,143 @@ export const routes = (options: ServerOptions) =>
             const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"], maxN)
             const requests = yield* requestsOf([promptIds], sampling, maxModelLen)
             const results = yield* generateAll(served.engine, requests)
+            const alternatives = wantLogprobs ? yield* alternativesOf(served, requests, results, topK) : undefined
             const created = yield* secondsNow
+            const id = `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`
             const eos = new Set(tokenizer.eosIds)
             const tokensAsIds = body["return_tokens_as_token_ids"] === true
-            const choices = results.map((r, index) => {
+            const replies = results.map((r) => {
               // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
               const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
-              const { message, finishReason } = chatMessage(tokenizer.decode(visible), toolsOffered)
+              return chatMessage(
+                tokenizer.decode(visible),
+                toolChoice.kind !== "none",
+                toolChoice.kind === "named" ? toolChoice.name : undefined
+              )
+            })
+            // `required` / a named function: vLLM constrains decoding to a call; we sample freely and refuse a reply
+            // without the call asked for
+            if (toolChoice.kind === "required" || toolChoice.kind === "named") {
+              const missing = replies.findIndex((reply) => reply.finishReason !== "tool_calls")
+              if (missing >= 0) {
+                return yield* fail(
+                  `tool_choice ${toolChoice.kind === "named" ? `"${toolChoice.name}"` : '"required"'}: choice ` +
+                    `${missing} has no ${toolChoice.kind === "named" ? `call to ${toolChoice.name}` : "tool call"} ` +
+                    `(this server does not constrain decoding to tool calls; sample again or use "auto")`,
+                  400,
+                  "tool_choice"
+                )
+              }
+            }
+            const usageOf = usage(
+              promptIds.length * requests.length,
+              results.reduce((n, r) => n + r.tokens.length, 0)
+            )
+            const logprobsOf = (r: GenerateResult, index: number) =>
+              chatLogprobs(tokenizer, r.tokens, r.logprobs, tokensAsIds, alternatives?.[index])
+            if (stream) {
+              // vLLM's ChatCompletionStreamResponse: `token_ids` per choice chunk, `prompt_token_ids` on the first
+              // chunk (vllm/entrypoints/openai/chat_completion/protocol.py, `ChatCompletionResponseStreamChoice`)
+              const chunk = (choices: ReadonlyArray<unknown>, extra: Json = {}) => ({
+                id,
+                object: "chat.completion.chunk",
+                created,
+                model: name,
+                choices,
+                ...(includeUsage ? { usage: null } : {}),
+                ...extra
+              })
+              const choice = (index: number, delta: Json, more: Json = {}) => ({
+                index,
+                delta,
+                logprobs: null,
+                finish_reason: null,
+                ...more
+              })
+              const events: Array<unknown> = []
+              results.forEach((r, index) => {
+                const { message, finishReason } = replies[index]!
+                const content = wantLogprobs ? logprobsOf(r, index) : undefined
+                events.push(
+                  chunk(
+                    [choice(index, { role: "assistant", content: "" })],
+                    index === 0 ? { prompt_token_ids: promptIds } : {}
+                  )
+                )
+                const calls = message["tool_calls"] as ReadonlyArray<ToolCallWire> | undefined
+                if (calls === undefined) {
+                  // a text reply: one chunk per token
+                  const deltas = textDeltas(tokenizer, r.tokens)
+                  r.tokens.forEach((token, t) => {
+                    const visible = !(t === r.tokens.length - 1 && eos.has(token))
+                    events.push(
+                      chunk([
+                        choice(
+                          index,
+                          { content: visible ? deltas[t]! : "" },
+                          {
+                            logprobs: content === undefined ? null : { content: [content[t]] },
+                            token_ids: [token]
+                          }
+                        )
+                      ])
+                    )
+                  })
+                } else {
+                  // a reply with calls (read from the whole text): the content before them with every token's id
+                  // and log-prob, then OpenAI's tool-call deltas, each call's head (id, name) and then its arguments
+                  events.push(
+                    chunk([
+                      choice(index, message["content"] === null ? {} : { content: message["content"] }, {
+                        logprobs: content === undefined ? null : { content },
+                        token_ids: [...r.tokens]
+                      })
+                    ])
+                  )
+                  calls.forEach((call, j) => {
+                    events.push(
+                      chunk([
+                        choice(index, {
+                          tool_calls: [
+                            {
+                              index: j,
+                              id: call.id,
+                              type: "function",
+                              function: { name: call.function.name, arguments: "" }
+                            }
+                          ]
+                        })
+                      ]),
+                      chunk([
+                        choice(index, { tool_calls: [{ index: j, function: { arguments: call.function.arguments } }] })
+                      ])
+                    )
+                  })
+                }
+                events.push(
+                  chunk([
+                    choice(
+                      index,
+                      {},
+                      {
+                        finish_reason: finishReason ?? r.finishReason,
+                        stop_reason: null,
+                        policy_version_first: r.policyVersionFirst,
+                        policy_version_last: r.policyVersionLast
+                      }
+                    )
+                  ])
+                )
+              })
+              if (includeUsage) events.push(chunk([], { usage: usageOf }))
+              return sse(events)
+            }
+            const choices = results.map((r, index) => {
+              const { message, finishReason } = replies[index]!
               return {
                 index,
                 message,
-                logprobs:
-                  body["logprobs"] === true
-                    ? {
-                        content: r.tokens.map((id, i) => {
-                          const piece = tokenizer.decode([id])
-                          return {
-                            token: tokensAsIds ? `token_id:${id}` : piece,
-                            logprob: r.logprobs[i]!,
-                            bytes: [...Buffer.from(piece, "utf8")],
-                            top_logprobs: []
-                          }
-                        })
-                      }
-                    : null,
+                logprobs: wantLogprobs ? { content: logprobsOf(r, index) } : null,
                 finish_reason: finishReason ?? r.finishReason,
                 stop_reason: null,
                 token_ids: [...r.tokens],
@@ -682,16 +1015,13 @@ export const routes = (options: ServerOptions) =>
               }
             })
             return HttpServerResponse.jsonUnsafe({
-              id: `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`,
+              id,
               object: "chat.completion",
               created,
               model: name,
               choices,
               prompt_token_ids: promptIds,
-              usage: usage(
-                promptIds.length * requests.length,
-                results.reduce((n, r) => n + r.tokens.length, 0)
-              )
+              usage: usageOf
             })
           }).pipe(Effect.scoped)
         )
@@ -782,6 +1112,28 @@ export const routes = (options: ServerOptions) =>
               bytes: received.complete!.byteLength,
               tensors: snapshot.names.length
             })
+          })
+        )
+      )
+
+      // OpenAI's `GET /v1/models/{model}` (an id may hold slashes: the rest of the path is the id), and every other
+      // route and method: OpenAI's error body, 405 where the path exists for another method
+      yield* router.add("*", "*", (request) =>
+        handle(
+          Effect.gen(function* () {
+            const at = request.url.split("?")[0]!
+            if (request.method === "GET" && at.startsWith("/v1/models/")) {
+              const id = decodeURIComponent(at.slice("/v1/models/".length))
+              const card = (yield* modelCards).find((c) => c.id === id)
+              if (card === undefined) return yield* fail(`The model \`${id}\` does not exist.`, 404, "model")
+              return HttpServerResponse.jsonUnsafe(card)
+            }
+            const methods = knownRoutes[at] ?? (at.startsWith("/v1/models/") ? ["GET"] : undefined)
+            return methods === undefined
+              ? respondError(new BadRequest(`Invalid URL (${request.method} ${at})`, 404))
+              : respondError(new BadRequest(`Invalid method for URL (${request.method} ${at})`, 405)).pipe(
+                  HttpServerResponse.setHeader("allow", methods.join(", "))
+                )
           })
         )
       )

@@ -4,6 +4,11 @@
  * FileWeightSync watch and, with `enableLora`, LoRA adapters loaded at run time (inference/AdapterRegistry.ts: one
  * LocalEngine per adapter over the base's weights) and, with `weightReload`, vLLM's and SGLang's weight-update endpoints
  * (inference/DialectRoutes.ts: reload full weights from a HF directory). The tensor backend must be initialised already.
+ *
+ * When the checkpoint is a run's (`<run>/checkpoints/step-N` beside `<run>/config.yaml`), a chat request's `tools` are
+ * put in the prompt as that run's `environment.tool_prompt` put them in front of the policy in training: `template`
+ * through the chat template (also the default for a checkpoint of no run), `system`/`compact` as the env's own tool
+ * system message (env/McpToolEnv.ts `systemPrompt`, in the run's `tool_call_format`), `none` not at all.
  */
 import { createServer } from "node:http"
 import * as path from "node:path"
@@ -11,7 +16,11 @@ import { NodeHttpServer } from "@effect/platform-node"
 import { Context, Effect, Layer } from "effect"
 import { HttpRouter, HttpServer } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
+import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import type { Message } from "../domain/Message.ts"
+import * as McpToolEnv from "../env/McpToolEnv.ts"
+import type * as ToolCallParser from "../env/ToolCallParser.ts"
 import * as AdapterRegistry from "../inference/AdapterRegistry.ts"
 import * as DialectRoutes from "../inference/DialectRoutes.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
@@ -22,6 +31,7 @@ import * as HfCache from "../model/HfCache.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as TensorFile from "../native/TensorFile.ts"
+import * as RunDirectory from "../store/RunDirectory.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
 
@@ -130,6 +140,8 @@ export const start = Effect.fnUntraced(function* (given: ServeOptions) {
     ...(options.maxRequestBytes === undefined ? {} : { maxRequestBytes: options.maxRequestBytes }),
     ...(options.maxN === undefined ? {} : { maxN: options.maxN }),
     promptLogprobs: (ids) => LogProbs.ofIds(model, ids),
+    topLogprobs: (ids, from, k, temperature) => LogProbs.topK(model, ids, from, k, temperature),
+    toolPrompt: yield* toolPromptOf(options.model),
     ...(options.token === undefined ? {} : { weightToken: options.token }),
     ...(adapters === undefined ? {} : { adapters })
   })
@@ -141,6 +153,66 @@ export const start = Effect.fnUntraced(function* (given: ServeOptions) {
   const server = HttpRouter.serve(Layer.mergeAll(api, dialects), { disableLogger: true }).pipe(
     Layer.provideMerge(NodeHttpServer.layer(createServer, { port: options.port, host: options.host }))
   )
-  const context = yield* Layer.build(server)
+  const context = yield* Layer.build(server).pipe(
+    Effect.mapError((e) => {
+      const detail = String((e as { cause?: unknown }).cause ?? e)
+      return new ConfigError({
+        path: "--port",
+        message: detail.includes("EADDRINUSE")
+          ? `port ${options.port} on ${options.host} is in use: stop what listens there, or pass another --port ` +
+            `(0 = any free port)`
+          : `cannot listen on ${options.host}:${options.port}: ${detail}`
+      })
+    })
+  )
   return HttpServer.formatAddress(Context.get(context, HttpServer.HttpServer).address)
 })
+
+/** The chat requests' tool prompt, as the served checkpoint's run was trained with (see the module header). */
+const toolPromptOf = (checkpoint: string) =>
+  Effect.gen(function* () {
+    const dir = path.resolve(checkpoint)
+    if (path.basename(path.dirname(dir)) !== "checkpoints") return OpenAiServer.templateTools
+    const file = path.join(path.dirname(path.dirname(dir)), RunDirectory.configFile)
+    const raw = yield* RunConfigLoader.readFile(file).pipe(Effect.option)
+    if (raw._tag === "None") return OpenAiServer.templateTools
+    const environment = (raw.value["environment"] ?? {}) as Record<string, unknown>
+    const style = environment["tool_prompt"] ?? "system"
+    const format = (environment["tool_call_format"] ?? "auto") as ToolCallParser.Format
+    switch (style) {
+      case "none":
+        return ((messages) => ({ messages, tools: [] })) satisfies OpenAiServer.ToolPrompt
+      case "system":
+      case "compact": {
+        const chosen = style as "system" | "compact"
+        return ((messages, tools) => ({
+          messages: withSystem(
+            messages,
+            McpToolEnv.systemPrompt(
+              tools.map((t) => ({
+                name: t.function.name,
+                server: "",
+                remoteName: t.function.name,
+                description: t.function.description ?? "",
+                inputSchema: (t.function.parameters ?? {}) as Record<string, unknown>,
+                readOnly: false,
+                idempotent: false
+              })),
+              format,
+              chosen
+            )
+          ),
+          tools: []
+        })) satisfies OpenAiServer.ToolPrompt
+      }
+      default:
+        return OpenAiServer.templateTools
+    }
+  })
+
+/** The env's way of adding its tool text: appended to the first system message, else a system message of its own. */
+const withSystem = (messages: ReadonlyArray<Message>, text: string): ReadonlyArray<Message> => {
+  const [first, ...rest] = messages
+  if (first?.role === "system") return [{ ...first, content: `${first.content}\n\n${text}` }, ...rest]
+  return [{ role: "system", content: text }, ...messages]
+}

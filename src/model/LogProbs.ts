@@ -229,3 +229,41 @@ export const ofIds = async (model: Transformer.Transformer, ids: ReadonlyArray<n
   const values = await logprobs.data().finally(() => logprobs.dispose())
   return Array.from(values).slice(1)
 }
+
+/** One alternative at a position: a token id and its log-prob. */
+export interface Alternative {
+  readonly id: number
+  readonly logprob: number
+}
+
+/**
+ * The `k` most likely tokens at each position t ≥ `from` of one sequence (what came before them being `ids[<t]`), most
+ * likely first, under `log softmax(z / τ)`: the sampler's distribution before top-k/top-p truncation (τ ≤ 0, greedy,
+ * reads τ = 1, as the sampler's log-probs do). Teacher-forced on the weights as they are now. Async: webgpu has no
+ * synchronous download.
+ */
+export const topK = async (
+  model: Transformer.Transformer,
+  ids: ReadonlyArray<number>,
+  from: number,
+  k: number,
+  temperature: number
+): Promise<Array<Array<Alternative>>> => {
+  const positions = ids.length - from
+  if (positions <= 0 || k <= 0) return Array.from({ length: Math.max(0, positions) }, () => [])
+  const tau = temperature > 0 ? temperature : 1
+  const kept = Math.min(k, model.config.vocabSize)
+  const { values, indices } = tf.tidy(() => {
+    const hidden = Transformer.hiddenStates(model, { ids: [ids] }) // [T, D]
+    const rows = tf.slice(hidden, [from - 1, 0], [positions, hidden.shape[1]]) as tf.Tensor2D // [P, D]
+    const z = tf.div(Transformer.logitsOf(Transformer.trainingView(model), rows), tau) as tf.Tensor2D // [P, V]
+    return tf.topk(tf.logSoftmax(z), kept) // [P, k]
+  })
+  const [v, i] = await Promise.all([values.data(), indices.data()]).finally(() => {
+    values.dispose()
+    indices.dispose()
+  })
+  return Array.from({ length: positions }, (_, p) =>
+    Array.from({ length: kept }, (_, j) => ({ id: i[p * kept + j]!, logprob: v[p * kept + j]! }))
+  )
+}
