@@ -7,7 +7,7 @@
  *   Each choice carries `text`, `finish_reason`, `token_ids` (vLLM's `return_token_ids`), `logprobs` in the legacy
  *   completions shape (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`; with `return_tokens_as_token_ids`
  *   the tokens read `token_id:<id>`, as vLLM writes them) and, our extension, `policy_version_first/last`.
- *   `top_logprobs` holds only the sampled token (no alternatives are computed).
+ *   `logprobs: k` (0..20) puts the k most likely tokens and the sampled one in each `top_logprobs` entry.
  * - `POST /v1/chat/completions`: renders the chat template (with `tools`), samples, and reads tool calls out of the
  *   text (env/ToolCallParser.ts, `auto`): a reply with calls has `message.tool_calls` and `finish_reason:
  *   "tool_calls"`, as vLLM's tool parsers give (`--enable-auto-tool-choice --tool-call-parser hermes`), with each
@@ -17,11 +17,36 @@
  *   The response carries vLLM's `return_token_ids` fields (always: `prompt_token_ids` at the top level, the prompt
  *   as rendered; `choices[i].token_ids`) and, with `logprobs: true`, `choices[i].logprobs.content` of `{token,
  *   logprob, bytes, top_logprobs}` per sampled token (`token` reads `token_id:<id>` with
- *   `return_tokens_as_token_ids`; `top_logprobs` is empty: no alternatives are computed). Shapes as vLLM's
+ *   `return_tokens_as_token_ids`; `top_logprobs: k` (0..20) lists the k most likely tokens). Shapes as vLLM's
  *   `ChatCompletionResponse` in vllm/entrypoints/openai/chat_completion/protocol.py
  *   (002032ee2b18e1f7bd924ec47b62504ba3866063).
  *   `prompt_logprobs: k` adds vLLM's per-prompt-token entries (the prompt token only, `rank` null).
- * - `GET /v1/models` (the base, then each LoRA adapter), `GET /health` (`{status, policy_version}`).
+ *   `tool_choice`: `auto` (the default with `tools`) reads calls; `none` reads none (the tools stay in the prompt, as
+ *   vLLM keeps them); `required` and `{"type": "function", "function": {"name"}}` read calls (only the named
+ *   function's) and refuse a reply without one with a 400 (param `tool_choice`): vLLM constrains decoding to a call
+ *   (guided JSON) instead, which this server does not do. A named function not in `tools`, or `tool_choice` other
+ *   than `none` without `tools`, are vLLM's 400s. How the tools reach the prompt is `toolPrompt` (layers/Serve.ts:
+ *   as the served run was trained).
+ * - Alternatives (`top_logprobs`, legacy `logprobs: k`): the k most likely tokens at each sampled position under
+ *   `softmax(z / τ)` (τ = 1 for greedy), most likely first (model/LogProbs.ts `topK`), recomputed after sampling by
+ *   one teacher-forced pass on the weights then served. With top-k/top-p the sampler renormalises over the tokens it
+ *   keeps, so the sampled token's `logprob` can then exceed its value among the alternatives.
+ * - `stream: true` on both: Server-Sent Events (`data: <chunk>` … `data: [DONE]`), chunks as OpenAI's and vLLM's:
+ *   completions send one chunk per token (`text`, `logprobs` of that token, vLLM's `token_ids: [id]` and, on a
+ *   choice's first chunk, `prompt_token_ids`); chat sends `delta.role` first, then one `delta.content` chunk per
+ *   token (with `logprobs.content` and `token_ids`), or, for a reply with tool calls, one chunk with the content
+ *   before the calls and every token's ids and log-probs, then per call OpenAI's `delta.tool_calls` pair (`{index,
+ *   id, type, function: {name, arguments: ""}}`, then `{index, function: {arguments}}`); the last chunk of a choice
+ *   has `finish_reason`. `stream_options: {include_usage: true}` adds `usage: null` to each chunk and a last chunk
+ *   with `choices: []` and the usage (`stream_options` without `stream` is vLLM's 400). Chunk fields pinned from
+ *   vLLM's `CompletionResponseStreamChoice` (completion/protocol.py) and `ChatCompletionResponseStreamChoice` /
+ *   `ChatCompletionStreamResponse` (chat_completion/protocol.py, vllm/entrypoints/openai/). The engine returns whole
+ *   completions, so the chunks are sent once the generation ends: streaming gives the wire shape, not an earlier
+ *   first token.
+ * - `GET /v1/models` (the base, then each LoRA adapter), `GET /v1/models/{id}` (one card; an unknown id is the 404
+ *   below), `GET /health` (`{status, policy_version}`). Any other path is a 404 (`Invalid URL (GET /x)`) and a known
+ *   path with another method a 405 (`Invalid method for URL (…)`, with `Allow`), both in the error body below, as
+ *   OpenAI's API answers them (vLLM answers FastAPI's `{"detail": …}` there).
  * - `model`: absent or the served name samples the base; a loaded LoRA adapter's name samples with it (and the
  *   response's `model` names it); any other name is vLLM's 404 (`The model \`x\` does not exist.`, param `model`).
  * - `POST /v1/weights`: a new WeightSnapshot as safetensors bytes, in one or more chunks (sync/HttpWeightSync.ts
@@ -62,7 +87,7 @@
  * - the body: at most `maxRequestBytes`, else 413; a body is read as it arrives and refused as soon as it passes the
  *   limit (a declared Content-Length past it is refused before any is read), so a client cannot make the server hold
  *   more. Not JSON, or not an object: 400.
- * - context: each prompt's tokens + `max_tokens` ≤ `maxModelLen`, with vLLM's message. Without `max_tokens` the
+ * - context: each prompt's tokens + `max_tokens` ≤ `maxModelLen`, with vLLM's message (chat prompts as rendered). Without `max_tokens` the
  *   default 16 is cut to the room left (vLLM fills the room), and a prompt of `maxModelLen` tokens or more is refused.
  * - `n`: an integer in 1..`maxN`; `max_tokens` / `max_completion_tokens`: an integer ≥ 1.
  */
