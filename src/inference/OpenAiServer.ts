@@ -722,7 +722,13 @@ export const routes = (options: ServerOptions) =>
       }
       const toolPrompt = options.toolPrompt ?? templateTools
       const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
-        effect.pipe(Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))))
+        effect.pipe(
+          Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))),
+          // a bug is still answered in the error body (500), not with an empty one
+          Effect.catchDefect((defect) =>
+            Effect.succeed(respondError(new BadRequest(defect instanceof Error ? defect.message : String(defect), 500)))
+          )
+        )
 
       yield* router.add(
         "GET",

@@ -5,6 +5,7 @@
  * vLLM's token ids), `tool_choice`, `top_logprobs` (recomputed here), `GET /v1/models/{id}`, OpenAI error bodies for
  * 4xx (unknown model, route, method, context overflow) and the busy-port error.
  */
+import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -147,6 +148,17 @@ describe("serve through the openai client", () => {
     assert.strictEqual(finish, choice.finish_reason)
     assert.strictEqual(chunks, ids.length + 1) // one per token, then the usage chunk
     assert.deepStrictEqual(usage, whole.usage)
+    // on the wire: Server-Sent Events ending in [DONE]
+    const res = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ ...body, stream: true })
+    })
+    assert.strictEqual(res.headers.get("content-type"), "text/event-stream")
+    const events = (await res.text()).split("\n\n").filter((e) => e !== "")
+    assert.isTrue(events.every((e) => e.startsWith("data: ")))
+    assert.strictEqual(events.at(-1), "data: [DONE]")
+    assert.strictEqual(events.length, ids.length + 1)
   })
 
   it("streams a chat turn with tool calls in OpenAI's delta shape; the deltas rebuild the whole answer", async () => {
@@ -332,6 +344,70 @@ describe("serve through the openai client", () => {
     const viaClient = await apiError(() => client.get("/nothing"))
     assert.strictEqual(viaClient.status, 404)
   })
+
+  it("the CLI: serve --model RUN_DIR --served-model-name; a busy port is one line naming it, no stack", async () => {
+    /** `serve` as a child: its listening URL (then killed), or its exit code and stderr. */
+    const cli = (args: ReadonlyArray<string>) =>
+      new Promise<{ url?: string; code?: number | null; stderr: string }>((resolve) => {
+        const child = spawn(process.execPath, ["src/main.ts", "serve", "--backend", "cpu", ...args], {
+          cwd: path.resolve(import.meta.dirname, "../.."),
+          stdio: ["ignore", "pipe", "pipe"]
+        })
+        let out = ""
+        let stderr = ""
+        child.stdout.on("data", (d: Buffer) => {
+          out += d.toString()
+          const line = out.split("\n").find((l) => l.startsWith('{"event":"listening"'))
+          if (line !== undefined) {
+            child.kill("SIGTERM")
+            resolve({ url: (JSON.parse(line) as { url: string }).url, stderr })
+          }
+        })
+        child.stderr.on("data", (d: Buffer) => {
+          stderr += d.toString()
+        })
+        child.on("exit", (code) => resolve({ code, stderr }))
+      })
+    const started = await new Promise<{ url?: string; models?: Array<string> }>((resolve) => {
+      const child = spawn(
+        process.execPath,
+        [
+          "src/main.ts",
+          "serve",
+          "--backend",
+          "cpu",
+          "--model",
+          runDir,
+          "--served-model-name",
+          "org/policy",
+          "--port",
+          "0"
+        ],
+        { cwd: path.resolve(import.meta.dirname, "../.."), stdio: ["ignore", "pipe", "pipe"] }
+      )
+      let out = ""
+      child.stdout.on("data", async (d: Buffer) => {
+        out += d.toString()
+        const line = out.split("\n").find((l) => l.startsWith('{"event":"listening"'))
+        if (line === undefined) return
+        out = ""
+        const at = (JSON.parse(line) as { url: string }).url
+        const viaClient = new OpenAI({ baseURL: `${at}/v1`, apiKey: "unused", maxRetries: 0 })
+        const models = (await viaClient.models.list()).data.map((m) => m.id)
+        const card = await viaClient.models.retrieve("org/policy")
+        child.kill("SIGTERM")
+        resolve({ url: at, models: [...models, card.id] })
+      })
+      child.on("exit", () => resolve({}))
+    })
+    assert.deepStrictEqual(started.models, ["org/policy", "org/policy"])
+    const port = new URL(url).port
+    const busy = await cli(["--model", runDir, "--port", port])
+    assert.isUndefined(busy.url)
+    assert.notStrictEqual(busy.code, 0)
+    assert.include(busy.stderr, `port ${port} on 127.0.0.1 is in use`)
+    assert.notMatch(busy.stderr, /^\s+at /m) // no stack trace
+  }, 60_000)
 
   it("a busy port is a named error", async () => {
     const port = Number(new URL(url).port)
