@@ -118,7 +118,7 @@ export const chosenLine = (info: BackendInfo, auto: boolean, failures: ReadonlyA
   const blas = status?.available === true ? status.blas : undefined
   return (
     `tensor backend: ${info.name}${auto ? " (auto)" : ""}, ${info.kernels} kernels` +
-    `${blas === undefined ? "" : ` (${blas === "openblas" ? "OpenBLAS" : "own SGEMM"})`}, ${info.threads} thread(s)` +
+    `${blas === undefined ? "" : ` (${blas === "openblas" ? "OpenBLAS" : "own SGEMM"})`}${info.threads > 0 ? `, ${info.threads} thread(s)` : ""}` +
     (absent.length > 0 ? `; not installed: ${absent.join(", ")}` : "") +
     (other.length > 0 ? `; skipped ${other.join("; ")}` : "")
   )

@@ -138,5 +138,11 @@ export const command = Command.make(
 ).pipe(
   Command.withDescription(
     "Serve a checkpoint over an OpenAI-compatible HTTP API (completions, chat, weights, LoRA adapters)"
-  )
+  ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --model runs/quickstart --port 8000 --enable-lora`,
+      description: "the quickstart run's latest checkpoint on :8000, LoRA adapters loadable at run time"
+    }
+  ])
 )
