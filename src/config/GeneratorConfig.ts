@@ -20,6 +20,10 @@ export const EngineConfig = Schema.Struct({
   // the trainer's (policy/rollout_logprob_abs_diff); use trainer.algorithm.off_policy_correction with them
   gguf_type: Schema.Literals(["f32", "f16", "bf16", "q8_0"]).pipe(withDefault("f32")),
   gguf_dir: Schema.optionalKey(Schema.NonEmptyString),
+  // llamacpp: llama.cpp's CPU threads. 1 by default: on a small box the trainer and the tool servers need the other
+  // cores, and with more threads than it can have to itself llama.cpp's threads wait on each other (2 threads on
+  // 2 cores: 15.7 ms per token of the quickstart policy; node-llama-cpp's default: 420 ms; 1 thread: 0.7 ms)
+  llamacpp_threads: PositiveInt.pipe(withDefault(1)),
   url: Schema.optionalKey(Schema.NonEmptyString),
   // remote: several replicas (with or instead of url); a trajectory's turns stay on one, a replica that fails is
   // taken out and its calls go on at another, and it is let back in on the current weights when healthy

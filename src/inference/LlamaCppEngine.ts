@@ -39,6 +39,7 @@ export interface LlamaCppEngineOptions {
   /** Where each version's GGUF file is written (the newest two are kept). */
   readonly dir: string
   readonly maxBatch: number
+  /** llama.cpp's CPU threads; default 1 (generator.engine.llamacpp_threads) */
   readonly threads?: number
   readonly decode: (ids: ReadonlyArray<number>) => string
 }
@@ -98,7 +99,8 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
       // llama.cpp's default F16 cache alone moves log-probs by ~1e-2; F32 keeps an F32 export at ~1e-5
       experimentalKvCacheKeyType: "F32",
       experimentalKvCacheValueType: "F32",
-      ...(options.threads === undefined ? {} : { threads: options.threads })
+      // one thread unless told: more than the cores it has to itself makes llama.cpp's threads wait on each other
+      threads: options.threads ?? 1
     })
     const idle = Array.from({ length: options.maxBatch }, () => context.getSequence())
     return { version, file, model, context, idle, active: 0, replaced: false }

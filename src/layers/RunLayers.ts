@@ -139,6 +139,7 @@ const inference = (c: RunConfig, runDir: string) => {
             type: ({ f32: "F32", f16: "F16", bf16: "BF16", q8_0: "Q8_0" } as const)[e.gguf_type],
             dir: path.resolve(e.gguf_dir ?? `${runDir}/weights-gguf`),
             maxBatch: e.max_batch_size,
+            threads: e.llamacpp_threads,
             decode: (ids) => tok.decode(ids)
           })
         }
