@@ -220,6 +220,18 @@ export const readChatChoice = (body: unknown): ChatChoice | string => {
   }
 }
 
+/** The sampling fields both request bodies send, in vLLM's names (only the request's own stop ids end it). */
+const samplingFields = (s: GenerateRequest["sampling"]) => ({
+  max_tokens: s.maxNewTokens,
+  temperature: s.temperature,
+  top_p: s.topP,
+  top_k: s.topK === 0 ? -1 : s.topK,
+  seed: s.seed,
+  stop: [...s.stopStrings],
+  stop_token_ids: [...s.stopTokenIds],
+  ignore_eos: true
+})
+
 /** The chat completions body for one turn (see the module header). */
 export const chatBody = (model: string, request: ChatRequest) => {
   const s = request.sampling
@@ -234,14 +246,7 @@ export const chatBody = (model: string, request: ChatRequest) => {
       ...(m.name === undefined ? {} : { name: m.name })
     })),
     ...(tools.length === 0 ? {} : { tools, tool_choice: "auto" }),
-    max_tokens: s.maxNewTokens,
-    temperature: s.temperature,
-    top_p: s.topP,
-    top_k: s.topK === 0 ? -1 : s.topK,
-    seed: s.seed,
-    stop: [...s.stopStrings],
-    stop_token_ids: [...s.stopTokenIds],
-    ignore_eos: true,
+    ...samplingFields(s),
     logprobs: true,
     top_logprobs: 0,
     return_token_ids: true,
@@ -257,14 +262,7 @@ export const requestBody = (model: string, request: GenerateRequest) => {
   return {
     model,
     prompt: [...request.promptIds],
-    max_tokens: s.maxNewTokens,
-    temperature: s.temperature,
-    top_p: s.topP,
-    top_k: s.topK === 0 ? -1 : s.topK,
-    seed: s.seed,
-    stop: [...s.stopStrings],
-    stop_token_ids: [...s.stopTokenIds],
-    ignore_eos: true,
+    ...samplingFields(s),
     logprobs: 0,
     return_token_ids: true,
     return_tokens_as_token_ids: true,

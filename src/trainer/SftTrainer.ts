@@ -37,7 +37,7 @@ import * as Prng from "../model/Prng.ts"
 import * as Transformer from "../model/Transformer.ts"
 import { Tokenizer } from "../tokenizer/Tokenizer.ts"
 import * as Optimizer from "./Optimizer.ts"
-import { PolicyModel } from "./PolicyModel.ts"
+import { loraOptions as modelLoraOptions, PolicyModel } from "./PolicyModel.ts"
 import type { TrainerState } from "./Trainer.ts"
 
 /**
@@ -101,9 +101,7 @@ export type MetricsRecord = typeof MetricsRecord.Type
 
 /** `model.lora` as the adapters take it; undefined unless rank > 0 (no adapters). */
 export const loraOptions = (config: LoraConfig | undefined): Lora.LoraOptions | undefined =>
-  config !== undefined && config.rank > 0
-    ? { rank: config.rank, alpha: config.alpha, dropout: config.dropout, targetModules: config.target_modules }
-    : undefined
+  config === undefined ? undefined : modelLoraOptions(config)
 
 /** A micro-batch, right-padded to its longest sequence. */
 export interface Padded {
