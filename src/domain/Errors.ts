@@ -46,6 +46,25 @@ export class CheckpointError extends Schema.TaggedError<CheckpointError>()("Chec
   }
 }
 
+/**
+ * The policy sampled a token whose log-prob is not finite (NaN or ±Infinity): its weights have diverged (a learning
+ * rate far too high, no gradient clipping). Nothing sampled from such weights can be trained on or logged, so the run
+ * stops here with this error rather than carry on with garbage.
+ */
+export class PolicyDivergedError extends Schema.TaggedError<PolicyDivergedError>()("PolicyDivergedError", {
+  version: Schema.Int, // the policy version that sampled it
+  prompt: Schema.String, // the prompt uid
+  logprob: Schema.String // the offending value, as text (NaN, Infinity, -Infinity)
+}) {
+  override get message(): string {
+    return (
+      `policy version ${this.version} sampled a token with log-prob ${this.logprob} (prompt ${this.prompt}): its weights ` +
+      "have diverged. Resume from a checkpoint before the divergence with a lower trainer.optimizer.lr or " +
+      "trainer.optimizer.max_grad_norm > 0"
+    )
+  }
+}
+
 /** The inference engine could not serve a request. Transport failures are retryable. */
 export class InferenceError extends Schema.TaggedError<InferenceError>()("InferenceError", {
   engine: Schema.String,

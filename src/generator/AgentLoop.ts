@@ -44,7 +44,7 @@
  * and after it on the server's prompt: a server prompt that leaves no room ends the trajectory `overlong`.
  */
 import { Clock, Effect, Schedule, Schema } from "effect"
-import type { InferenceError } from "../domain/Errors.ts"
+import { type InferenceError, PolicyDivergedError } from "../domain/Errors.ts"
 import type { Message } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { Step, StopReason, Trajectory, Turn } from "../domain/Trajectory.ts"
@@ -97,7 +97,10 @@ const append = <A>(target: Array<A>, source: ReadonlyArray<A>, limit = source.le
   return n
 }
 
-/** Run one trajectory of `row`. Never fails: infrastructure failures end it with stop reason `error`. */
+/**
+ * Run one trajectory of `row`. Infrastructure failures end it with stop reason `error`; it fails only when the policy
+ * sampled a non-finite log-prob (PolicyDivergedError), which no trajectory can carry.
+ */
 export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample: number, options: Options) {
   const engine = yield* InferenceEngine
   const tokenizer = yield* Tokenizer
@@ -217,6 +220,14 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
           append(generated, chatResult.tokens)
           append(generatedLogprobs, chatResult.logprobs)
         }
+        const diverged = result!.logprobs.find((lp) => !Number.isFinite(lp))
+        if (diverged !== undefined) {
+          return yield* new PolicyDivergedError({
+            version: result!.policyVersionLast,
+            prompt: uid,
+            logprob: String(diverged)
+          })
+        }
         const start = responseIds.length
         append(responseIds, result!.tokens)
         append(rolloutLogprobs, result!.logprobs)
@@ -305,15 +316,18 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
   )
 
   yield* episode.pipe(
-    Effect.catch((e: OverlongError | EnvError | InferenceError | TokenizerError | ChatTemplatePrefixError) =>
-      Effect.sync(() => {
-        if (e._tag === "OverlongError") {
-          stopReason = "overlong"
-          return
-        }
-        stopReason = "error"
-        error = `${e._tag}: ${e.message}`
-      })
+    Effect.catchIf(
+      (e): e is OverlongError | EnvError | InferenceError | TokenizerError | ChatTemplatePrefixError =>
+        e._tag !== "PolicyDivergedError",
+      (e) =>
+        Effect.sync(() => {
+          if (e._tag === "OverlongError") {
+            stopReason = "overlong"
+            return
+          }
+          stopReason = "error"
+          error = `${e._tag}: ${e.message}`
+        })
     )
   )
 

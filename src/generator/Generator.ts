@@ -4,6 +4,7 @@
  * to end: a slow consumer (the trainer) holds the prompts stream back.
  */
 import { Context, Effect, Layer, Stream } from "effect"
+import type { PolicyDivergedError } from "../domain/Errors.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import type { EnvRegistry } from "../env/EnvRegistry.ts"
@@ -27,12 +28,18 @@ export interface GeneratorOptions extends AgentLoop.Options {
 export class Generator extends Context.Service<
   Generator,
   {
-    /** The n trajectories of one prompt, run concurrently. Never fails: failed trajectories carry their error. */
-    readonly group: (prompt: Prompt, overrides?: Partial<GeneratorOptions>) => Effect.Effect<TrajectoryGroup>
+    /**
+     * The n trajectories of one prompt, run concurrently. Failed trajectories carry their error; the group fails only
+     * when the policy's weights have diverged (a non-finite log-prob).
+     */
+    readonly group: (
+      prompt: Prompt,
+      overrides?: Partial<GeneratorOptions>
+    ) => Effect.Effect<TrajectoryGroup, PolicyDivergedError>
     readonly rollouts: (
       prompts: Stream.Stream<Prompt>,
       overrides?: Partial<GeneratorOptions>
-    ) => Stream.Stream<TrajectoryGroup>
+    ) => Stream.Stream<TrajectoryGroup, PolicyDivergedError>
   }
 >()("rl/generator/Generator") {}
 

@@ -26,6 +26,7 @@
  * groups (generated, not yet trained) as `inflight.jsonl` (Rollouts).
  */
 import { Cause, Clock, Effect, Fiber, Queue, Stream } from "effect"
+import type { PolicyDivergedError } from "../domain/Errors.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import { Generator } from "../generator/Generator.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
@@ -80,7 +81,7 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
   const manager = yield* StalenessManager.make(
     StalenessManager.initial({ batchSize: B, maxStaleness: S, trainerStep: done, accepted: done * B + pending.size })
   )
-  const queue = yield* Queue.bounded<TrajectoryGroup>((S + 1) * B + K)
+  const queue = yield* Queue.bounded<TrajectoryGroup, PolicyDivergedError>((S + 1) * B + K)
 
   // cursors handed out in increasing order, skipping those restored from the checkpoint
   const restoredCursors = new Set(pending.keys())
@@ -121,10 +122,11 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
       const cursors = Array.from({ length: B }, (_, i) => (step - 1) * B + i)
       const t0 = yield* Clock.currentTimeMillis
       while (!cursors.every((c) => pending.has(c))) {
-        const group = yield* Queue.take(queue).pipe(Effect.orDie)
+        // a generation fiber's failure (diverged weights) or death reaches the loop here
+        const group = yield* Queue.take(queue)
         pending.set(group.cursor, group)
       }
-      for (const g of yield* Queue.clear(queue).pipe(Effect.orDie)) pending.set(g.cursor, g)
+      for (const g of yield* Queue.clear(queue)) pending.set(g.cursor, g)
       const waitedMs = (yield* Clock.currentTimeMillis) - t0
       const queueDepth = pending.size - B
       const groups = cursors.map((c) => pending.get(c)!)

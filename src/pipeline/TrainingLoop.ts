@@ -24,7 +24,7 @@
  */
 import { Cause, Clock, Effect, type FileSystem, type Path, Schema, Stream } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
-import type { CheckpointError } from "../domain/Errors.ts"
+import type { CheckpointError, PolicyDivergedError } from "../domain/Errors.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as Env from "../env/Env.ts"
@@ -70,8 +70,11 @@ export interface CheckpointPart {
 export interface Source {
   /** Steps this source can feed (from step 1): the loop trains up to this many. */
   readonly totalSteps: number
-  /** The batches of steps start.firstStep, firstStep + 1, …; the next is pulled after the previous was trained. */
-  readonly batches: Stream.Stream<Batch>
+  /**
+   * The batches of steps start.firstStep, firstStep + 1, …; the next is pulled after the previous was trained. It
+   * fails only when the policy's weights have diverged (it sampled a non-finite log-prob), which ends the run.
+   */
+  readonly batches: Stream.Stream<Batch, PolicyDivergedError>
   /** Runs around a step's training and weight publish (in-process sync pauses the engine). */
   readonly guard: <A, E, R>(train: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
   /** Step `step` was trained and its weights published as `version`; returns metrics measured since the batch. */
@@ -112,7 +115,10 @@ export interface Options<R = never> {
    */
   readonly publish: (version: PolicyVersion) => Effect.Effect<number>
   /** Held-out evaluation at a step; absent: no evaluation (replay). */
-  readonly evaluate?: (label: string, step: number) => Effect.Effect<Evaluator.Report | undefined, never, R>
+  readonly evaluate?: (
+    label: string,
+    step: number
+  ) => Effect.Effect<Evaluator.Report | undefined, PolicyDivergedError, R>
   /** Append every trained prompt to `consumed.jsonl` (off for replay, which must not touch the recorded run). */
   readonly recordConsumed: boolean
 }
@@ -165,7 +171,7 @@ export const run = <R1, R2>(
   makeSource: (start: Start) => Effect.Effect<Source, never, R2>
 ): Effect.Effect<
   Summary,
-  TrainerFault | CheckpointError | ConsumedLog.ConsumedLogError,
+  TrainerFault | PolicyDivergedError | CheckpointError | ConsumedLog.ConsumedLogError,
   R1 | R2 | Trainer | Metrics | Checkpointer | PolicyModel | FileSystem.FileSystem | Path.Path
 > =>
   Effect.gen(function* () {

@@ -149,8 +149,8 @@ describe("signals", () => {
         "data.max_prompts=8",
         "pipeline.mode=sync",
         "checkpoint.interval=0",
-        // stock kernels: with the native ones (the fused LM head) the diverged step's gradient norm is not yet seen
-        // as non-finite, and the NaN surfaces later, untyped, in the sampler (an open bug)
+        // stock kernels: with the native ones (the fused LM head) the diverged step's loss stays finite and the
+        // divergence shows in the sampler instead (next test)
         "backend.name=wasm",
         "backend.kernels=stock",
         "trainer.optimizer.lr=1e30",
@@ -166,5 +166,38 @@ describe("signals", () => {
     )
     assert.include(result.stderr, "An update was applied mid-step")
     assert.notMatch(result.stderr, /^\s+at /m, "no stack trace")
+  }, 300_000)
+
+  it("diverged weights that still give a finite loss stop the run at the first non-finite sampled log-prob, typed", () => {
+    // on the native kernels the fused LM head keeps the loss finite while the sampler's norm-folded weights overflow
+    for (const mode of ["sync", "async"]) {
+      const runDir = join(tmp, `diverged-${mode}`)
+      const result = Cli.run(
+        [
+          "train",
+          "--config",
+          config,
+          "--run-dir",
+          runDir,
+          "logging.progress=false",
+          "data.max_prompts=8",
+          `pipeline.mode=${mode}`,
+          "checkpoint.interval=0",
+          "trainer.optimizer.lr=1e30",
+          "trainer.optimizer.max_grad_norm=0",
+          "trainer.policy_mini_batch_size=1"
+        ],
+        { timeoutMs: 240_000 }
+      )
+      assert.notStrictEqual(result.code, 0)
+      // whichever sees it first, the trainer (a non-finite loss) or the sampler, the run ends typed and names the step
+      assert.match(
+        result.stderr,
+        /PolicyDivergedError: policy version \d+ sampled a token with log-prob (NaN|-?Infinity) \(prompt toolbox-train-\d+\)|TrainerFault: .*non-finite/,
+        result.stderr.slice(-2000)
+      )
+      assert.notMatch(result.stderr, /^\s+at /m, "no stack trace")
+      assert.notInclude(result.stderr, "a bug")
+    }
   }, 300_000)
 })
