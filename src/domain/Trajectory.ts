@@ -72,6 +72,8 @@ export const TrajectoryGroup = Schema.Struct({
   cursor: Schema.Int, // position of the prompt in the dataset order of this run
   dataSource: Schema.String,
   envClass: Schema.String,
+  // earlier attempts of the group lost with their rollout runner (pipeline.rollouts: cluster); absent when none
+  retried: Schema.optionalKey(Schema.Int),
   trajectories: Schema.Array(Trajectory)
 })
 export type TrajectoryGroup = typeof TrajectoryGroup.Type
