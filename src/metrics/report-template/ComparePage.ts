@@ -9,12 +9,7 @@
  */
 import * as MetricKeys from "../MetricKeys.ts"
 import type { CompareData, CompareRun } from "../Report.ts"
-import { chartHelpers, escapeHtml, style } from "./ReportPage.ts"
-
-export const palette = ["#3056d3", "#e4572e", "#17a05d", "#a239ca", "#f0a202", "#0fa3b1", "#d7263d", "#6c757d"]
-
-const num = (x: number | undefined, digits = 3): string =>
-  x === undefined || !Number.isFinite(x) ? "–" : Number.isInteger(x) ? String(x) : x.toFixed(digits)
+import { chartHelpers, escapeHtml, num, palette, style } from "./ReportPage.ts"
 
 const pair = (before: number | undefined, after: number | undefined) => `${num(before)} → ${num(after)}`
 
@@ -50,24 +45,11 @@ const script = String.raw`
   var report = (window.__report = { runs: [], charts: [], errors: [], smoothing: 0, ready: false });
   window.addEventListener("error", function (e) { report.errors.push(String(e.message)); });
   var data = JSON.parse(document.getElementById("report-data").textContent);
-  var PALETTE = ${JSON.stringify(palette)};
   var DASHES = [[], [6, 3], [2, 3], [8, 3, 2, 3]];
   var CHARTS = ${JSON.stringify(MetricKeys.charts)};
+${chartHelpers}
   report.runs = data.runs.map(function (r, i) { return { name: r.name, colour: PALETTE[i % PALETTE.length] }; });
 
-  function el(tag, className, text) {
-    var node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    return node;
-  }
-  function fmt(x) {
-    if (x === null || x === undefined || !isFinite(x)) return "–";
-    if (Number.isInteger(x)) return String(x);
-    return Math.abs(x) >= 1e4 || (Math.abs(x) < 1e-3 && x !== 0) ? x.toExponential(2) : x.toFixed(3);
-  }
-  function label(key) { return key.replace(/^eval\//, "").replace(/^(reward|generate|policy|loss|timing|async|throughput)\//, ""); }
-${chartHelpers}
   // EMA over the recorded points (nulls stay null), debiased so the first points are not pulled towards 0
   function smooth(ys, weight) {
     if (weight <= 0) return ys.slice();

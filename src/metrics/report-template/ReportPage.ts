@@ -12,7 +12,7 @@ import type { Data, EvalScore } from "../Report.ts"
 export const escapeHtml = (s: string): string =>
   s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&#39;")
 
-const num = (x: number | undefined, digits = 3): string =>
+export const num = (x: number | undefined, digits = 3): string =>
   x === undefined || !Number.isFinite(x) ? "–" : Number.isInteger(x) ? String(x) : x.toFixed(digits)
 
 const duration = (seconds: number): string => {
@@ -129,8 +129,38 @@ tr.tool-error td { background: #fff4f3; }
 details.config pre { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px; overflow: auto; font-size: 12px; }
 `
 
-/** The charts' axes and ranges, shared with the comparison page (browser code, ES2020). */
+/** One colour per series (a run, or a metric's keys), in order. */
+export const palette = [
+  "#3056d3",
+  "#e4572e",
+  "#17a05d",
+  "#a239ca",
+  "#f0a202",
+  "#0fa3b1",
+  "#d7263d",
+  "#6c757d",
+  "#8f5e15",
+  "#2e294e"
+]
+
+/** The page scripts' DOM and number helpers, the charts' axes and ranges: shared with the comparison page (ES2020). */
 export const chartHelpers = String.raw`
+  var PALETTE = ${JSON.stringify(palette)};
+  // DOM by textContent only: run data never becomes markup
+  function el(tag, className, text) {
+    var node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+  function fmt(x, digits) {
+    if (x === null || x === undefined || !isFinite(x)) return "–";
+    if (Number.isInteger(x)) return String(x);
+    var d = digits === undefined ? 3 : digits;
+    return Math.abs(x) >= 1e4 || (Math.abs(x) < 1e-3 && x !== 0) ? x.toExponential(2) : x.toFixed(d);
+  }
+  // a metric's name without its family prefix, for legends
+  function label(key) { return key.replace(/^eval\//, "").replace(/^(reward|generate|policy|loss|timing|async|throughput)\//, ""); }
   // steps are integers: no ticks between them
   var STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
   // a flat series gets a small band around its value (uPlot's default for 0 is 0..100)
@@ -165,20 +195,7 @@ const script = String.raw`
   var report = (window.__report = { charts: [], errors: [], ready: false });
   window.addEventListener("error", function (e) { report.errors.push(String(e.message)); });
   var data = JSON.parse(document.getElementById("report-data").textContent);
-  var PALETTE = ["#3056d3", "#e4572e", "#17a05d", "#a239ca", "#f0a202", "#0fa3b1", "#d7263d", "#6c757d", "#8f5e15", "#2e294e"];
-
-  function el(tag, className, text) {
-    var node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    return node;
-  }
-  function fmt(x, digits) {
-    if (x === null || x === undefined || !isFinite(x)) return "–";
-    if (Number.isInteger(x)) return String(x);
-    var d = digits === undefined ? 3 : digits;
-    return Math.abs(x) >= 1e4 || (Math.abs(x) < 1e-3 && x !== 0) ? x.toExponential(2) : x.toFixed(d);
-  }
+${chartHelpers}
 
   // ---------------------------------------------------------------- charts
   // the chart table of MetricKeys (src/metrics/MetricKeys.ts): titles and the metric names each draws
@@ -190,8 +207,6 @@ const script = String.raw`
       : Object.keys(cols.series).filter(function (k) { return new RegExp(spec.match).test(k); }).sort();
     return { cols: cols, keys: keys };
   }
-
-  function label(key) { return key.replace(/^eval\//, "").replace(/^(reward|generate|policy|loss|timing|async|throughput)\//, ""); }
 
   function drawChart(container, title, cols, keys) {
     var card = el("div", "chart-card");
@@ -235,7 +250,6 @@ const script = String.raw`
     return plot;
   }
 
-${chartHelpers}
   var charts = [];
   var grid = document.getElementById("charts");
   CHARTS.forEach(function (spec) {
