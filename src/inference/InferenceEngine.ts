@@ -14,6 +14,7 @@ import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import type { FinishReason } from "../domain/Trajectory.ts"
 import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import type { Constraint } from "../model/Sampling.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 
 export interface SamplingParams {
@@ -31,6 +32,26 @@ export interface GenerateRequest {
   readonly sampling: SamplingParams
   /** The trajectory this call is a turn of: engines with several replicas keep a trajectory's turns on one. */
   readonly trajectoryId?: string
+  /**
+   * Constrained decoding (model/Sampling.ts `Constraint`, e.g. a JSON schema): in-process engines (LocalEngine) only;
+   * one object per request, as it holds the request's state.
+   */
+  readonly constraint?: Constraint
+  /**
+   * Called with each token as it is sampled (LocalEngine; `finishReason` set on the token that ended the request), so
+   * a server can stream before the generation ends. Engines that return whole completions do not call it.
+   */
+  readonly onToken?: (event: TokenEvent) => void
+}
+
+/** One sampled token, as `onToken` sees it. */
+export interface TokenEvent {
+  readonly token: number
+  readonly logprob: number
+  /** The weights' version that produced it. */
+  readonly version: number
+  /** Set on the request's last token. */
+  readonly finishReason?: FinishReason
 }
 
 export interface GenerateResult {

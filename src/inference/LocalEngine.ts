@@ -58,6 +58,7 @@ const engineName = "local"
 
 /** One `generate` call: its rows finish independently; the call completes when all have. */
 interface Submission {
+  readonly requests: ReadonlyArray<GenerateRequest>
   readonly rows: ReadonlyArray<Sampling.Row>
   readonly done: Deferred.Deferred<void, InferenceError>
   remaining: number
@@ -68,6 +69,8 @@ interface Submission {
 interface Running {
   readonly row: Sampling.Row
   readonly submission: Submission
+  /** The request's `onToken`: told each token as it is sampled. */
+  readonly onToken: GenerateRequest["onToken"]
   pending: number
 }
 
@@ -157,13 +160,17 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     const V = stepped.logits.length / entries.length
     const keep: Array<number> = []
     entries.forEach((entry, i) => {
-      const token = Sampling.advance(
-        entry.row,
-        stepped.logits.subarray(i * V, (i + 1) * V),
-        v,
-        maxContext,
-        sampleOptions
-      )
+      const { row } = entry
+      const sampled = row.tokens.length
+      const token = Sampling.advance(row, stepped.logits.subarray(i * V, (i + 1) * V), v, maxContext, sampleOptions)
+      if (entry.onToken !== undefined && row.tokens.length > sampled) {
+        entry.onToken({
+          token: row.tokens[sampled]!,
+          logprob: row.logprobs[sampled]!,
+          version: v,
+          ...(row.finishReason === undefined ? {} : { finishReason: row.finishReason })
+        })
+      }
       if (settle(entry, token, finished)) keep.push(i)
       else remember(entry, stepped.cache, i)
     })
@@ -229,9 +236,11 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
       const size = running.length + admitted.length
       if (size > 0 && size + waiting[0]!.remaining > maxBatch) break
       const submission = waiting.shift()!
-      for (const row of submission.rows) {
-        if (row.finishReason === undefined) admitted.push({ row, submission, pending: -1 })
-      }
+      submission.rows.forEach((row, i) => {
+        if (row.finishReason === undefined) {
+          admitted.push({ row, submission, onToken: submission.requests[i]!.onToken, pending: -1 })
+        }
+      })
     }
     for (const { entries, stepped } of await prefillAdmitted(admitted)) {
       const keep = sampleRows(entries, stepped, v, finished)
@@ -309,6 +318,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     const remaining = rows.filter((r) => r.finishReason === undefined).length
     if (remaining > 0) {
       const submission: Submission = {
+        requests,
         rows,
         done: yield* Deferred.make<void, InferenceError>(),
         remaining,

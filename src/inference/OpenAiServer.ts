@@ -92,7 +92,7 @@
  * - `n`: an integer in 1..`maxN`; `max_tokens` / `max_completion_tokens`: an integer ≥ 1.
  */
 import { timingSafeEqual } from "node:crypto"
-import { Clock, Effect, Random, type Scope, Stream } from "effect"
+import { Clock, Effect, Exit, Queue, Random, Scope, Stream } from "effect"
 import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { InferenceError } from "../domain/Errors.ts"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
@@ -104,7 +104,8 @@ import * as Safetensors from "../model/Safetensors.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import type { AdapterError, AdapterRegistry, ServedModel } from "./AdapterRegistry.ts"
-import type { GenerateRequest, GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import type { GenerateRequest, GenerateResult, InferenceEngine, TokenEvent } from "./InferenceEngine.ts"
+import * as StructuredOutput from "./StructuredOutput.ts"
 import * as WeightUpload from "./WeightUpload.ts"
 
 export interface ServerOptions {
@@ -436,33 +437,181 @@ const alternativesOf = (
 const maxTopLogprobs = 20
 
 /**
- * Each token's share of the text, as a streamed delta: the text decoded so far minus what earlier deltas gave; a
- * piece that ends inside a UTF-8 character (U+FFFD at the end) waits for the tokens that complete it.
+ * A streamed choice's text, token by token: each call adds a token and returns its share of the text (the text
+ * decoded so far minus what earlier deltas gave); a piece that ends inside a UTF-8 character (U+FFFD at the end)
+ * waits for the tokens that complete it, unless it is the last. `upTo` may hold back the text's tail (chat replies
+ * that may turn into tool calls).
  */
-const textDeltas = (tokenizer: TokenizerImpl, tokens: ReadonlyArray<number>): Array<string> => {
+const textDeltas = (tokenizer: TokenizerImpl, upTo: (text: string) => string = (text) => text) => {
+  const tokens: Array<number> = []
   let sent = ""
-  return tokens.map((_, i) => {
-    const text = tokenizer.decode(tokens.slice(0, i + 1))
-    if (i < tokens.length - 1 && text.endsWith("\uFFFD")) return ""
-    const delta = text.startsWith(sent) ? text.slice(sent.length) : text.slice(Math.min(sent.length, text.length))
-    sent = text
-    return delta
-  })
+  return {
+    /** Add `token` (undefined: nothing visible, e.g. the end-of-turn token) and return the new text. */
+    add: (token: number | undefined, last: boolean): string => {
+      if (token !== undefined) tokens.push(token)
+      const text = tokenizer.decode(tokens)
+      if (!last && text.endsWith("\uFFFD")) return ""
+      const shown = upTo(text)
+      if (!shown.startsWith(sent)) return ""
+      const delta = shown.slice(sent.length)
+      sent = shown
+      return delta
+    },
+    /** The text sent so far. */
+    sent: () => sent,
+    /** The whole text decoded. */
+    text: () => tokenizer.decode(tokens)
+  }
 }
 
+/** Where a tool call may begin in a reply (env/ToolCallParser.ts `auto`): tags anywhere, ReAct's words at a line start. */
+const callTags = ["<tool_call>", "<tool>"]
+const callWords = ["Action:"]
+
 /**
- * A Server-Sent Events answer: each event as `data: <json>`, then `data: [DONE]`, as OpenAI and vLLM stream. The
- * events are sent once the generation has ended (the engine returns whole completions), so streaming changes the wire
- * shape, not the time to the first token.
+ * The part of a reply that cannot belong to a tool call, streamed while a chat turn with tools is sampled: the text
+ * before the first place a call's marker starts or may start (a partial tag at the end, a line that may become
+ * `Action:`), without leading and trailing whitespace (the parsed reply's content is trimmed).
  */
-const sse = (events: ReadonlyArray<unknown>) => {
-  const encoder = new TextEncoder()
-  const lines = [...events.map((e) => `data: ${JSON.stringify(e)}\n\n`), "data: [DONE]\n\n"]
-  return HttpServerResponse.stream(Stream.fromIterable(lines.map((line) => encoder.encode(line))), {
-    contentType: "text/event-stream",
-    headers: { "cache-control": "no-cache" }
-  })
+export const beforeCalls = (text: string): string => {
+  let cut = text.length
+  for (const tag of callTags) {
+    const at = text.indexOf(tag)
+    if (at >= 0) cut = Math.min(cut, at)
+    for (let k = Math.min(tag.length - 1, text.length); k > 0; k--) {
+      if (text.endsWith(tag.slice(0, k))) {
+        cut = Math.min(cut, text.length - k)
+        break
+      }
+    }
+  }
+  let lineStart = 0
+  const lines = text.split("\n")
+  for (const [i, line] of lines.entries()) {
+    const partial = i === lines.length - 1 && line.length > 0
+    if (callWords.some((w) => line.startsWith(w) || (partial && w.startsWith(line)))) {
+      cut = Math.min(cut, lineStart)
+      break
+    }
+    lineStart += line.length + 1
+  }
+  return text.slice(0, cut).trim()
 }
+
+/** The common fields of every chunk of one streamed answer (OpenAI's and vLLM's `*.chunk` objects). */
+const chunkOf =
+  (
+    head: { readonly id: string; readonly object: string; readonly created: number; readonly model: string },
+    includeUsage: boolean
+  ) =>
+  (choices: ReadonlyArray<unknown>, extra: Json = {}) => ({
+    ...head,
+    choices,
+    ...(includeUsage ? { usage: null } : {}),
+    ...extra
+  })
+
+/** How a streamed answer is built: its first events, each token's events, and the events once all choices ended. */
+interface StreamPlan {
+  readonly requests: ReadonlyArray<GenerateRequest>
+  /** The generation (and whatever is computed from its results, e.g. alternatives). */
+  readonly generate: (
+    requests: ReadonlyArray<GenerateRequest>
+  ) => Effect.Effect<ReadonlyArray<GenerateResult>, BadRequest>
+  readonly start: ReadonlyArray<unknown>
+  /** Choice `index`'s token `t`, in order; `finishReason` is set on its last token. */
+  readonly token: (index: number, t: number, event: TokenEvent) => ReadonlyArray<unknown>
+  readonly end: (results: ReadonlyArray<GenerateResult>) => ReadonlyArray<unknown>
+}
+
+/** Result tokens from `from` on as token events (the last carries the finish reason). */
+const tokenEvents = (r: GenerateResult, from: number): Array<TokenEvent> =>
+  r.tokens.slice(from).map((token, k) => {
+    const t = from + k
+    const last = t === r.tokens.length - 1
+    return {
+      token,
+      logprob: r.logprobs[t]!,
+      version: last ? r.policyVersionLast : r.policyVersionFirst,
+      ...(last ? { finishReason: r.finishReason } : {})
+    }
+  })
+
+const encoder = new TextEncoder()
+const sseLine = (event: unknown) => encoder.encode(`data: ${event === "[DONE]" ? event : JSON.stringify(event)}\n\n`)
+
+const sseResponse = (body: Stream.Stream<Uint8Array>) =>
+  HttpServerResponse.stream(body, { contentType: "text/event-stream", headers: { "cache-control": "no-cache" } })
+
+/**
+ * A Server-Sent Events answer (`data: <json>` per event, then `data: [DONE]`, as OpenAI and vLLM stream), generated
+ * as it is sent: each token's events leave as the engine samples it (`GenerateRequest.onToken`; tokens of an engine
+ * that returns whole completions are sent when it returns). The request's scope (an adapter held) closes when the
+ * stream ends. A failure after the first event is sent as a last event in the error body, before `[DONE]`.
+ */
+const liveStream = (plan: StreamPlan, scope: Scope.Closeable) =>
+  sseResponse(
+    Stream.callback<Uint8Array>((queue) =>
+      Effect.gen(function* () {
+        const emit = (event: unknown) => {
+          Queue.offerUnsafe(queue, sseLine(event))
+        }
+        plan.start.forEach(emit)
+        const sent = plan.requests.map(() => 0)
+        const hooked = plan.requests.map(
+          (r, i): GenerateRequest => ({
+            ...r,
+            onToken: (event) => plan.token(i, sent[i]!++, event).forEach(emit)
+          })
+        )
+        const result = yield* plan.generate(hooked).pipe(
+          Effect.catchDefect((defect) =>
+            Effect.fail(new BadRequest(defect instanceof Error ? defect.message : String(defect), 500))
+          ),
+          Effect.result
+        )
+        if (result._tag === "Failure") emit(errorBody(result.failure))
+        else {
+          result.success.forEach((r, i) => {
+            for (const event of tokenEvents(r, sent[i]!)) plan.token(i, sent[i]!++, event).forEach(emit)
+          })
+          plan.end(result.success).forEach(emit)
+        }
+        emit("[DONE]")
+        yield* Queue.end(queue)
+      })
+    ).pipe(Stream.ensuring(Scope.close(scope, Exit.void)))
+  )
+
+/** The same answer with the generation run first (so it can still be refused with a status): replayed from results. */
+const bufferedStream = (plan: StreamPlan) =>
+  Effect.map(plan.generate(plan.requests), (results) => {
+    const events = [
+      ...plan.start,
+      ...results.flatMap((r, i) => tokenEvents(r, 0).flatMap((event, t) => plan.token(i, t, event))),
+      ...plan.end(results),
+      "[DONE]"
+    ]
+    return sseResponse(Stream.fromIterable(events.map(sseLine)))
+  })
+
+/**
+ * Run a handler in a scope of its own: closed when the handler returns, unless the handler takes it (`keep`) for a
+ * streamed answer that outlives it.
+ */
+const requestScoped = <R>(
+  handler: (keep: () => Scope.Closeable) => Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>
+) =>
+  Effect.gen(function* () {
+    const scope = yield* Scope.make()
+    let kept = false
+    const exit = yield* handler(() => {
+      kept = true
+      return scope
+    }).pipe(Scope.provide(scope), Effect.exit)
+    if (!kept || exit._tag === "Failure") yield* Scope.close(scope, exit)
+    return yield* exit
+  })
 
 /** `stream` and `stream_options.include_usage`. */
 const streamingOf = (body: Json) => {
@@ -679,6 +828,28 @@ const readJsonBody = (request: HttpServerRequest.HttpServerRequest, maxBytes: nu
       : yield* fail("the body must be a JSON object")
   })
 
+/**
+ * The requests with the body's structured-output constraint (StructuredOutput.ts: one automaton per choice, masks
+ * memoised across them); a format that cannot be served is a 400 naming the field and the schema keyword.
+ */
+const constrained = (body: Json, tokenizer: TokenizerImpl, requests: ReadonlyArray<GenerateRequest>) =>
+  Effect.gen(function* () {
+    const grammar = yield* Effect.try({
+      try: () => StructuredOutput.grammarOf(body),
+      catch: (e) =>
+        e instanceof StructuredOutput.FormatError ? new BadRequest(e.message, 400, e.param) : new BadRequest(String(e))
+    })
+    if (grammar === undefined) return requests
+    const trie = StructuredOutput.trieOf(tokenizer)
+    const memo = new Map<string, ReadonlyArray<number>>()
+    return requests.map(
+      (r): GenerateRequest => ({
+        ...r,
+        constraint: StructuredOutput.constraint(grammar, trie, r.sampling.stopTokenIds, memo)
+      })
+    )
+  })
+
 const generateAll = (engine: InferenceEngine["Service"], requests: ReadonlyArray<GenerateRequest>) =>
   engine.generate(requests).pipe(Effect.mapError(fromInferenceError))
 
@@ -772,181 +943,253 @@ export const routes = (options: ServerOptions) =>
 
       yield* router.add("POST", "/v1/completions", (request) =>
         handle(
-          Effect.gen(function* () {
-            const body = yield* readJsonBody(request, maxRequestBytes)
-            const { name, served } = yield* servedFor(body, options, base)
-            const { stream, includeUsage } = yield* streamingOf(body)
-            const prompts = yield* promptRows(body, tokenizer)
-            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"], maxN)
-            // legacy `logprobs: k`: the sampled token's log-prob and the k most likely tokens
-            const topK = yield* optionalInt(body, "logprobs", 0, maxTopLogprobs)
-            const requests = yield* requestsOf(prompts, sampling, maxModelLen)
-            const results = yield* generateAll(served.engine, requests)
-            const alternatives = yield* alternativesOf(served, requests, results, topK ?? 0)
-            const tokensAsIds = body["return_tokens_as_token_ids"] === true
-            const returnTokenIds = body["return_token_ids"] === true
-            const promptLogprobs = yield* promptLogprobsOf(body, served.promptLogprobs, tokenizer, prompts)
-            const created = yield* secondsNow
-            const id = `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`
-            const usageOf = usage(
-              requests.reduce((n, r) => n + r.promptIds.length, 0),
-              results.reduce((n, r) => n + r.tokens.length, 0)
-            )
-            const extras = (index: number) => ({
-              ...(returnTokenIds ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
-              ...(promptLogprobs === undefined
-                ? {}
-                : { prompt_logprobs: promptLogprobs[Math.floor(index / sampling.n)] })
-            })
-            if (stream) {
-              // vLLM's CompletionStreamResponse: one chunk per token, `token_ids` of that token, the prompt's ids on
-              // a choice's first chunk (vllm/entrypoints/openai/completion/protocol.py, `CompletionResponseStreamChoice`)
-              const chunk = (choices: ReadonlyArray<unknown>, extra: Json = {}) => ({
-                id,
-                object: "text_completion",
-                created,
-                model: name,
-                choices,
-                ...(includeUsage ? { usage: null } : {}),
-                ...extra
+          requestScoped((keep) =>
+            Effect.gen(function* () {
+              const body = yield* readJsonBody(request, maxRequestBytes)
+              const { name, served } = yield* servedFor(body, options, base)
+              const { stream, includeUsage } = yield* streamingOf(body)
+              const prompts = yield* promptRows(body, tokenizer)
+              const sampling = yield* samplingOf(body, tokenizer, ["max_tokens"], maxN)
+              // legacy `logprobs: k`: the sampled token's log-prob and the k most likely tokens
+              const topK = yield* optionalInt(body, "logprobs", 0, maxTopLogprobs)
+              const requests = yield* constrained(body, tokenizer, yield* requestsOf(prompts, sampling, maxModelLen))
+              const tokensAsIds = body["return_tokens_as_token_ids"] === true
+              const returnTokenIds = body["return_token_ids"] === true
+              const promptLogprobs = yield* promptLogprobsOf(body, served.promptLogprobs, tokenizer, prompts)
+              const created = yield* secondsNow
+              const id = `cmpl-${created}-${(yield* Random.nextInt).toString(16)}`
+              const usageOf = (results: ReadonlyArray<GenerateResult>) =>
+                usage(
+                  requests.reduce((n, r) => n + r.promptIds.length, 0),
+                  results.reduce((n, r) => n + r.tokens.length, 0)
+                )
+              const extras = (index: number) => ({
+                ...(returnTokenIds ? { prompt_token_ids: [...requests[index]!.promptIds] } : {}),
+                ...(promptLogprobs === undefined
+                  ? {}
+                  : { prompt_logprobs: promptLogprobs[Math.floor(index / sampling.n)] })
               })
-              const events: Array<unknown> = []
-              results.forEach((r, index) => {
-                const deltas = textDeltas(tokenizer, r.tokens)
-                let offset = 0
-                r.tokens.forEach((token, t) => {
-                  const last = t === r.tokens.length - 1
-                  events.push(
+              let alternatives: ReadonlyArray<ReadonlyArray<ReadonlyArray<LogProbs.Alternative>>> | undefined
+              const generate = (rs: ReadonlyArray<GenerateRequest>) =>
+                Effect.gen(function* () {
+                  const results = yield* generateAll(served.engine, rs)
+                  alternatives = yield* alternativesOf(served, rs, results, topK ?? 0)
+                  return results
+                })
+              if (!stream) {
+                const results = yield* generate(requests)
+                const choices = results.map((r, index) => ({
+                  index,
+                  text: tokenizer.decode(r.tokens),
+                  logprobs:
+                    topK === undefined ? null : completionLogprobs(tokenizer, r, tokensAsIds, alternatives?.[index]),
+                  finish_reason: r.finishReason,
+                  stop_reason: null,
+                  token_ids: [...r.tokens],
+                  ...extras(index),
+                  policy_version_first: r.policyVersionFirst,
+                  policy_version_last: r.policyVersionLast
+                }))
+                return HttpServerResponse.jsonUnsafe({
+                  id,
+                  object: "text_completion",
+                  created,
+                  model: name,
+                  choices,
+                  usage: usageOf(results)
+                })
+              }
+              // vLLM's CompletionStreamResponse: one chunk per token, `token_ids` of that token, the prompt's ids on a
+              // choice's first chunk, the finish reason on its last (vllm/entrypoints/openai/completion/protocol.py,
+              // `CompletionResponseStreamChoice`)
+              const chunk = chunkOf({ id, object: "text_completion", created, model: name }, includeUsage)
+              const texts = requests.map(() => textDeltas(tokenizer))
+              const offsets = requests.map(() => 0)
+              const firstVersion = requests.map(() => 0)
+              const finished = requests.map(() => false)
+              const plan: StreamPlan = {
+                requests,
+                generate,
+                start: [],
+                token: (index, t, event) => {
+                  const last = event.finishReason !== undefined
+                  if (t === 0) firstVersion[index] = event.version
+                  finished[index] = last
+                  const logprobs =
+                    topK === undefined
+                      ? null
+                      : completionLogprobs(
+                          tokenizer,
+                          { tokens: [event.token], logprobs: [event.logprob] },
+                          tokensAsIds,
+                          alternatives === undefined ? undefined : [alternatives[index]![t]!],
+                          offsets[index]
+                        )
+                  offsets[index]! += tokenizer.decode([event.token]).length
+                  return [
                     chunk([
                       {
                         index,
-                        text: deltas[t]!,
-                        logprobs:
-                          topK === undefined
-                            ? null
-                            : completionLogprobs(
-                                tokenizer,
-                                { tokens: [token], logprobs: [r.logprobs[t]!] },
-                                tokensAsIds,
-                                alternatives === undefined ? undefined : [alternatives[index]![t]!],
-                                offset
-                              ),
-                        finish_reason: last ? r.finishReason : null,
+                        text: texts[index]!.add(event.token, last),
+                        logprobs,
+                        finish_reason: event.finishReason ?? null,
                         stop_reason: null,
-                        token_ids: [token],
+                        token_ids: [event.token],
                         ...(t === 0 ? extras(index) : {}),
                         ...(last
-                          ? { policy_version_first: r.policyVersionFirst, policy_version_last: r.policyVersionLast }
+                          ? { policy_version_first: firstVersion[index], policy_version_last: event.version }
                           : {})
                       }
                     ])
-                  )
-                  offset += tokenizer.decode([token]).length
-                })
-              })
-              if (includeUsage) events.push(chunk([], { usage: usageOf }))
-              return sse(events)
-            }
-            const choices = results.map((r, index) => ({
-              index,
-              text: tokenizer.decode(r.tokens),
-              logprobs:
-                topK === undefined ? null : completionLogprobs(tokenizer, r, tokensAsIds, alternatives?.[index]),
-              finish_reason: r.finishReason,
-              stop_reason: null,
-              token_ids: [...r.tokens],
-              ...extras(index),
-              policy_version_first: r.policyVersionFirst,
-              policy_version_last: r.policyVersionLast
-            }))
-            return HttpServerResponse.jsonUnsafe({
-              id,
-              object: "text_completion",
-              created,
-              model: name,
-              choices,
-              usage: usageOf
+                  ]
+                },
+                end: (results) => [
+                  // a choice that ended without a token of its own (nothing allowed, or no room) still says why
+                  ...results.flatMap((r, index) =>
+                    finished[index]
+                      ? []
+                      : [
+                          chunk([
+                            {
+                              index,
+                              text: "",
+                              logprobs: null,
+                              finish_reason: r.finishReason,
+                              stop_reason: null,
+                              token_ids: [],
+                              ...(r.tokens.length === 0 ? extras(index) : {}),
+                              policy_version_first: r.policyVersionFirst,
+                              policy_version_last: r.policyVersionLast
+                            }
+                          ])
+                        ]
+                  ),
+                  ...(includeUsage ? [chunk([], { usage: usageOf(results) })] : [])
+                ]
+              }
+              // alternatives are computed after sampling: with them the answer is sent once the generation ended
+              return topK !== undefined && topK > 0 ? yield* bufferedStream(plan) : liveStream(plan, keep())
             })
-          }).pipe(Effect.scoped)
+          )
         )
       )
 
       yield* router.add("POST", "/v1/chat/completions", (request) =>
         handle(
-          Effect.gen(function* () {
-            const body = yield* readJsonBody(request, maxRequestBytes)
-            const { name, served } = yield* servedFor(body, options, base)
-            const { stream, includeUsage } = yield* streamingOf(body)
-            const messages = yield* readMessages(body)
-            const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
-            const toolChoice = yield* toolChoiceOf(body, tools)
-            const wantLogprobs = body["logprobs"] === true
-            const topK = (yield* optionalInt(body, "top_logprobs", 0, maxTopLogprobs)) ?? 0
-            if (topK > 0 && !wantLogprobs) {
-              return yield* fail("when using `top_logprobs`, `logprobs` must be set to true.", 400, "top_logprobs")
-            }
-            // the tools reach the prompt as the served policy was trained to see them (`toolPrompt`)
-            const prompt = tools.length > 0 ? toolPrompt(messages, tools) : { messages, tools: [] }
-            const promptIds = yield* Effect.try({
-              try: () =>
-                tokenizer.applyChatTemplateIds(prompt.messages, {
-                  addGenerationPrompt: true,
-                  ...(prompt.tools.length > 0 ? { tools: prompt.tools } : {}),
-                  ...(typeof body["chat_template_kwargs"] === "object" && body["chat_template_kwargs"] !== null
-                    ? (body["chat_template_kwargs"] as Json)
-                    : {})
-                }),
-              catch: (cause) => new BadRequest(cause instanceof Error ? cause.message : "chat template failed")
-            })
-            const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"], maxN)
-            const requests = yield* requestsOf([promptIds], sampling, maxModelLen)
-            const results = yield* generateAll(served.engine, requests)
-            const alternatives = wantLogprobs ? yield* alternativesOf(served, requests, results, topK) : undefined
-            const created = yield* secondsNow
-            const id = `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`
-            const eos = new Set(tokenizer.eosIds)
-            const tokensAsIds = body["return_tokens_as_token_ids"] === true
-            const replies = results.map((r) => {
-              // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
-              const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
-              return chatMessage(
-                tokenizer.decode(visible),
-                toolChoice.kind !== "none",
-                toolChoice.kind === "named" ? toolChoice.name : undefined
-              )
-            })
-            // `required` / a named function: vLLM constrains decoding to a call; we sample freely and refuse a reply
-            // without the call asked for
-            if (toolChoice.kind === "required" || toolChoice.kind === "named") {
-              const missing = replies.findIndex((reply) => reply.finishReason !== "tool_calls")
-              if (missing >= 0) {
-                return yield* fail(
-                  `tool_choice ${toolChoice.kind === "named" ? `"${toolChoice.name}"` : '"required"'}: choice ` +
-                    `${missing} has no ${toolChoice.kind === "named" ? `call to ${toolChoice.name}` : "tool call"} ` +
-                    `(this server does not constrain decoding to tool calls; sample again or use "auto")`,
-                  400,
-                  "tool_choice"
-                )
+          requestScoped((keep) =>
+            Effect.gen(function* () {
+              const body = yield* readJsonBody(request, maxRequestBytes)
+              const { name, served } = yield* servedFor(body, options, base)
+              const { stream, includeUsage } = yield* streamingOf(body)
+              const messages = yield* readMessages(body)
+              const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
+              const toolChoice = yield* toolChoiceOf(body, tools)
+              const wantLogprobs = body["logprobs"] === true
+              const topK = (yield* optionalInt(body, "top_logprobs", 0, maxTopLogprobs)) ?? 0
+              if (topK > 0 && !wantLogprobs) {
+                return yield* fail("when using `top_logprobs`, `logprobs` must be set to true.", 400, "top_logprobs")
               }
-            }
-            const usageOf = usage(
-              promptIds.length * requests.length,
-              results.reduce((n, r) => n + r.tokens.length, 0)
-            )
-            const logprobsOf = (r: GenerateResult, index: number) =>
-              chatLogprobs(tokenizer, r.tokens, r.logprobs, tokensAsIds, alternatives?.[index])
-            if (stream) {
-              // vLLM's ChatCompletionStreamResponse: `token_ids` per choice chunk, `prompt_token_ids` on the first
-              // chunk (vllm/entrypoints/openai/chat_completion/protocol.py, `ChatCompletionResponseStreamChoice`)
-              const chunk = (choices: ReadonlyArray<unknown>, extra: Json = {}) => ({
-                id,
-                object: "chat.completion.chunk",
-                created,
-                model: name,
-                choices,
-                ...(includeUsage ? { usage: null } : {}),
-                ...extra
+              // the tools reach the prompt as the served policy was trained to see them (`toolPrompt`)
+              const prompt = tools.length > 0 ? toolPrompt(messages, tools) : { messages, tools: [] }
+              const promptIds = yield* Effect.try({
+                try: () =>
+                  tokenizer.applyChatTemplateIds(prompt.messages, {
+                    addGenerationPrompt: true,
+                    ...(prompt.tools.length > 0 ? { tools: prompt.tools } : {}),
+                    ...(typeof body["chat_template_kwargs"] === "object" && body["chat_template_kwargs"] !== null
+                      ? (body["chat_template_kwargs"] as Json)
+                      : {})
+                  }),
+                catch: (cause) => new BadRequest(cause instanceof Error ? cause.message : "chat template failed")
               })
+              const sampling = yield* samplingOf(body, tokenizer, ["max_tokens", "max_completion_tokens"], maxN)
+              const requests = yield* constrained(
+                body,
+                tokenizer,
+                yield* requestsOf([promptIds], sampling, maxModelLen)
+              )
+              const created = yield* secondsNow
+              const id = `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`
+              const eos = new Set(tokenizer.eosIds)
+              const tokensAsIds = body["return_tokens_as_token_ids"] === true
+              const toolsOn = toolChoice.kind !== "none"
+              const usageOf = (results: ReadonlyArray<GenerateResult>) =>
+                usage(
+                  promptIds.length * requests.length,
+                  results.reduce((n, r) => n + r.tokens.length, 0)
+                )
+              let alternatives: ReadonlyArray<ReadonlyArray<ReadonlyArray<LogProbs.Alternative>>> | undefined
+              let replies: ReadonlyArray<ReturnType<typeof chatMessage>> = []
+              const generate = (rs: ReadonlyArray<GenerateRequest>) =>
+                Effect.gen(function* () {
+                  const results = yield* generateAll(served.engine, rs)
+                  alternatives = wantLogprobs ? yield* alternativesOf(served, rs, results, topK) : undefined
+                  replies = results.map((r) => {
+                    // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
+                    const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
+                    return chatMessage(
+                      tokenizer.decode(visible),
+                      toolsOn,
+                      toolChoice.kind === "named" ? toolChoice.name : undefined
+                    )
+                  })
+                  // `required` / a named function: vLLM constrains decoding to a call; we sample freely and refuse a
+                  // reply without the call asked for
+                  if (toolChoice.kind === "required" || toolChoice.kind === "named") {
+                    const missing = replies.findIndex((reply) => reply.finishReason !== "tool_calls")
+                    if (missing >= 0) {
+                      return yield* fail(
+                        `tool_choice ${toolChoice.kind === "named" ? `"${toolChoice.name}"` : '"required"'}: choice ` +
+                          `${missing} has no ${toolChoice.kind === "named" ? `call to ${toolChoice.name}` : "tool call"} ` +
+                          `(this server does not constrain decoding to tool calls; sample again or use "auto")`,
+                        400,
+                        "tool_choice"
+                      )
+                    }
+                  }
+                  return results
+                })
+              const logprobsOf = (
+                index: number,
+                tokens: ReadonlyArray<number>,
+                logprobs: ReadonlyArray<number>,
+                from: number
+              ) =>
+                chatLogprobs(
+                  tokenizer,
+                  tokens,
+                  logprobs,
+                  tokensAsIds,
+                  alternatives?.[index]?.slice(from, from + tokens.length)
+                )
+              if (!stream) {
+                const results = yield* generate(requests)
+                const choices = results.map((r, index) => {
+                  const { message, finishReason } = replies[index]!
+                  return {
+                    index,
+                    message,
+                    logprobs: wantLogprobs ? { content: logprobsOf(index, r.tokens, r.logprobs, 0) } : null,
+                    finish_reason: finishReason ?? r.finishReason,
+                    stop_reason: null,
+                    token_ids: [...r.tokens],
+                    policy_version_first: r.policyVersionFirst,
+                    policy_version_last: r.policyVersionLast
+                  }
+                })
+                return HttpServerResponse.jsonUnsafe({
+                  id,
+                  object: "chat.completion",
+                  created,
+                  model: name,
+                  choices,
+                  prompt_token_ids: promptIds,
+                  usage: usageOf(results)
+                })
+              }
+              // vLLM's ChatCompletionStreamResponse: `token_ids` per choice chunk, `prompt_token_ids` on the first chunk
+              // (vllm/entrypoints/openai/chat_completion/protocol.py, `ChatCompletionResponseStreamChoice`)
+              const chunk = chunkOf({ id, object: "chat.completion.chunk", created, model: name }, includeUsage)
               const choice = (index: number, delta: Json, more: Json = {}) => ({
                 index,
                 delta,
@@ -954,107 +1197,96 @@ export const routes = (options: ServerOptions) =>
                 finish_reason: null,
                 ...more
               })
-              const events: Array<unknown> = []
-              results.forEach((r, index) => {
-                const { message, finishReason } = replies[index]!
-                const content = wantLogprobs ? logprobsOf(r, index) : undefined
-                events.push(
+              // with tools offered, text that may be the start of a call is held back until the reply is parsed
+              const texts = requests.map(() => textDeltas(tokenizer, toolsOn ? beforeCalls : undefined))
+              const plan: StreamPlan = {
+                requests,
+                generate,
+                start: requests.map((_, index) =>
                   chunk(
                     [choice(index, { role: "assistant", content: "" })],
                     index === 0 ? { prompt_token_ids: promptIds } : {}
                   )
-                )
-                const calls = message["tool_calls"] as ReadonlyArray<ToolCallWire> | undefined
-                if (calls === undefined) {
-                  // a text reply: one chunk per token
-                  const deltas = textDeltas(tokenizer, r.tokens)
-                  r.tokens.forEach((token, t) => {
-                    const visible = !(t === r.tokens.length - 1 && eos.has(token))
-                    events.push(
+                ),
+                token: (index, t, event) => {
+                  const last = event.finishReason !== undefined
+                  const visible = !(last && eos.has(event.token))
+                  return [
+                    chunk([
+                      choice(
+                        index,
+                        { content: texts[index]!.add(visible ? event.token : undefined, last) },
+                        {
+                          logprobs: wantLogprobs
+                            ? { content: logprobsOf(index, [event.token], [event.logprob], t) }
+                            : null,
+                          token_ids: [event.token]
+                        }
+                      )
+                    ])
+                  ]
+                },
+                end: (results) => [
+                  ...results.flatMap((r, index) => {
+                    const { message, finishReason } = replies[index]!
+                    const calls = message["tool_calls"] as ReadonlyArray<ToolCallWire> | undefined
+                    const content = typeof message["content"] === "string" ? message["content"] : ""
+                    const sent = texts[index]!.sent()
+                    // the content not sent yet: after what was sent (which skipped leading whitespace with tools on)
+                    const rest =
+                      sent === ""
+                        ? content
+                        : calls === undefined
+                          ? content.slice(content.indexOf(sent) + sent.length)
+                          : content.startsWith(sent)
+                            ? content.slice(sent.length)
+                            : ""
+                    return [
+                      ...(rest === "" ? [] : [chunk([choice(index, { content: rest })])]),
+                      // OpenAI's tool-call deltas, each call's head (id, name) and then its arguments
+                      ...(calls ?? []).flatMap((call, j) => [
+                        chunk([
+                          choice(index, {
+                            tool_calls: [
+                              {
+                                index: j,
+                                id: call.id,
+                                type: "function",
+                                function: { name: call.function.name, arguments: "" }
+                              }
+                            ]
+                          })
+                        ]),
+                        chunk([
+                          choice(index, {
+                            tool_calls: [{ index: j, function: { arguments: call.function.arguments } }]
+                          })
+                        ])
+                      ]),
                       chunk([
                         choice(
                           index,
-                          { content: visible ? deltas[t]! : "" },
+                          {},
                           {
-                            logprobs: content === undefined ? null : { content: [content[t]] },
-                            token_ids: [token]
+                            finish_reason: finishReason ?? r.finishReason,
+                            stop_reason: null,
+                            policy_version_first: r.policyVersionFirst,
+                            policy_version_last: r.policyVersionLast
                           }
                         )
                       ])
-                    )
-                  })
-                } else {
-                  // a reply with calls (read from the whole text): the content before them with every token's id
-                  // and log-prob, then OpenAI's tool-call deltas, each call's head (id, name) and then its arguments
-                  events.push(
-                    chunk([
-                      choice(index, message["content"] === null ? {} : { content: message["content"] }, {
-                        logprobs: content === undefined ? null : { content },
-                        token_ids: [...r.tokens]
-                      })
-                    ])
-                  )
-                  calls.forEach((call, j) => {
-                    events.push(
-                      chunk([
-                        choice(index, {
-                          tool_calls: [
-                            {
-                              index: j,
-                              id: call.id,
-                              type: "function",
-                              function: { name: call.function.name, arguments: "" }
-                            }
-                          ]
-                        })
-                      ]),
-                      chunk([
-                        choice(index, { tool_calls: [{ index: j, function: { arguments: call.function.arguments } }] })
-                      ])
-                    )
-                  })
-                }
-                events.push(
-                  chunk([
-                    choice(
-                      index,
-                      {},
-                      {
-                        finish_reason: finishReason ?? r.finishReason,
-                        stop_reason: null,
-                        policy_version_first: r.policyVersionFirst,
-                        policy_version_last: r.policyVersionLast
-                      }
-                    )
-                  ])
-                )
-              })
-              if (includeUsage) events.push(chunk([], { usage: usageOf }))
-              return sse(events)
-            }
-            const choices = results.map((r, index) => {
-              const { message, finishReason } = replies[index]!
-              return {
-                index,
-                message,
-                logprobs: wantLogprobs ? { content: logprobsOf(r, index) } : null,
-                finish_reason: finishReason ?? r.finishReason,
-                stop_reason: null,
-                token_ids: [...r.tokens],
-                policy_version_first: r.policyVersionFirst,
-                policy_version_last: r.policyVersionLast
+                    ]
+                  }),
+                  ...(includeUsage ? [chunk([], { usage: usageOf(results) })] : [])
+                ]
               }
+              // `required` / a named function may refuse the reply, and alternatives are computed after sampling: the
+              // answer is then sent once the generation ended
+              return toolChoice.kind === "required" || toolChoice.kind === "named" || topK > 0
+                ? yield* bufferedStream(plan)
+                : liveStream(plan, keep())
             })
-            return HttpServerResponse.jsonUnsafe({
-              id,
-              object: "chat.completion",
-              created,
-              model: name,
-              choices,
-              prompt_token_ids: promptIds,
-              usage: usageOf
-            })
-          }).pipe(Effect.scoped)
+          )
         )
       )
 

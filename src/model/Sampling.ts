@@ -17,8 +17,8 @@
  * modes.
  *
  * Stops: a token in `stopTokenIds` (kept in the output), a stop string appearing in `decode(generated)` (the token
- * that completed it is kept), `maxNewTokens`, or the context limit (`max_position_embeddings`), the last two giving
- * finish reason `length`.
+ * that completed it is kept), the request's `constraint` saying its output is complete (finish reason `stop`),
+ * `maxNewTokens`, or the context limit (`max_position_embeddings`), the last two giving finish reason `length`.
  *
  * In-flight weight updates: `beforeStep` runs before the prefill and before every decode step; it may change the
  * model's variables (e.g. `Snapshot.load`) and returns the weights' version. When the version changes, the fused
@@ -54,6 +54,22 @@ export const defaultParams: SamplingParams = {
 export interface Request {
   readonly promptIds: ReadonlyArray<number>
   readonly sampling: SamplingParams
+  /** Constrained decoding (structured outputs): which tokens may come next; absent: any. One per request (stateful). */
+  readonly constraint?: Constraint
+}
+
+/**
+ * A per-request token mask (e.g. a JSON-schema automaton, inference/StructuredOutput.ts). Before each draw, `mask` sets
+ * the logits of tokens that may not come next to -Infinity, so greedy and sampled tokens, and their log-probs (both
+ * modes), are those of the masked distribution: softmax over the allowed tokens only. `accept` records the drawn token
+ * and says whether the constrained output is complete: the row then stops with finish reason `stop` (a stop token the
+ * mask allowed stops it as usual). When `mask` allows nothing the row stops with `length`.
+ */
+export interface Constraint {
+  /** Mask the logits row in place; false when no token is allowed. */
+  readonly mask: (logits: Float32Array) => boolean
+  /** The drawn token; true when the output is complete. */
+  readonly accept: (token: number) => boolean
 }
 
 export type FinishReason = "stop" | "length"
@@ -265,11 +281,17 @@ export const advance = (
   options: Pick<Options, "decode" | "logprobsMode"> = {}
 ): number | undefined => {
   const s = row.request.sampling
+  const constraint = row.request.constraint
+  if (constraint !== undefined && !constraint.mask(logits)) {
+    row.finishReason = "length"
+    return undefined
+  }
   const { token, logprob } = pick(logits, s, row.prng, options.logprobsMode ?? "processed")
   row.tokens.push(token)
   row.logprobs.push(logprob)
   row.versions.push(version)
   if (s.stopTokenIds.includes(token)) row.finishReason = "stop"
+  else if (constraint?.accept(token) === true) row.finishReason = "stop"
   else if (s.stopStrings.length > 0 && options.decode !== undefined) {
     const text = options.decode(row.tokens)
     if (s.stopStrings.some((stop) => stop.length > 0 && text.includes(stop))) row.finishReason = "stop"
