@@ -5,11 +5,12 @@
 #                        the independent float64 PyTorch reference the model tests compare against, and the
 #                        benchmarks' peer (without OpenBLAS, Debian's torch uses the reference BLAS, ~50x slower)
 #   chromium             the headless browser the report test renders report.html in (driven by playwright-core)
+#   prometheus           the Prometheus server the tracking test scrapes a training run's /metrics endpoint with
 #   mesa-vulkan-drivers  (>= 25, from bookworm-backports on Debian 12) lavapipe, a Vulkan driver on the CPU: the
 #                        webgpu backend's tests run on it (Dawn needs a newer Mesa than bookworm's 22.3)
 # Idempotent: installs only what is missing. Skips quietly without root or apt.
 set -euo pipefail
-packages=(libopenblas-dev python3-torch python3-numpy libopenblas0-pthread chromium)
+packages=(libopenblas-dev python3-torch python3-numpy libopenblas0-pthread chromium prometheus)
 command -v apt-get >/dev/null 2>&1 || { echo "setup-system: no apt-get, skipping (${packages[*]})"; exit 0; }
 [ "$(id -u)" = 0 ] || { echo "setup-system: not root, skipping (${packages[*]})"; exit 0; }
 missing=()

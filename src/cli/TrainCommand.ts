@@ -81,6 +81,7 @@ export const command = Command.make(
         RunLayers.training(config, {
           runDir,
           trainRows: train.length,
+          tracking: true,
           ...(resumeFrom === undefined ? {} : { resumeFrom })
         })
       )

@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { NonNegative, PositiveInt, SecretRef, withDefault } from "./Field.ts"
+import { NonNegative, NonNegativeInt, PositiveInt, Probability, SecretRef, withDefault } from "./Field.ts"
 
 /**
  * OAuth 2.1 for an HTTP server (MCP authorization spec): discovery, dynamic or CIMD or pre-registered client,
@@ -69,6 +69,46 @@ export const TauConfig = Schema.Struct({
 )
 export type TauConfig = typeof TauConfig.Type
 
+/** What the judge scores by when a row gives no `reward_spec.rubric`. */
+export const defaultRubric =
+  "Score how well each trajectory accomplishes the task: 1 for a correct, complete answer reached with the right tool calls; partial credit for partial progress; 0 for a wrong answer, no answer, or misused tools. Judge the trajectories against each other: a better one gets a higher score."
+
+/**
+ * The group-relative LLM judge (`reward_spec.method: judge`): all n trajectories of a prompt go to one chat call
+ * on any OpenAI-compatible endpoint, which answers a score in [0, 1] for each. Its calls follow `tool_io`: in
+ * `replay` they are answered from the `judge.calls` of `replay_from`'s groups, with no endpoint.
+ */
+export const JudgeConfig = Schema.Struct({
+  url: Schema.NonEmptyString, // base URL, e.g. http://localhost:8000/v1
+  model: Schema.NonEmptyString,
+  api_key: Schema.optionalKey(SecretRef), // { env: OPENAI_API_KEY }
+  rubric: Schema.String.pipe(withDefault(defaultRubric)), // a row's reward_spec.rubric replaces it
+  // which training rows it scores: judge_rows (reward_spec.method judge) or all_train_rows (every training row; a
+  // row's ground truth goes to the judge as the reference; held-out rows keep their own rewards)
+  apply_to: Schema.Literals(["judge_rows", "all_train_rows"]).pipe(withDefault("judge_rows")),
+  temperature: NonNegative.pipe(withDefault(0)),
+  max_tokens: PositiveInt.pipe(withDefault(512)),
+  seed: Schema.optionalKey(Schema.Int),
+  // send response_format json_schema (the scores object), so an endpoint with structured outputs answers parseable JSON
+  structured_output: Schema.Boolean.pipe(withDefault(true)),
+  max_concurrency: PositiveInt.pipe(withDefault(4)), // judge calls in flight at once
+  http_retries: NonNegativeInt.pipe(withDefault(3)), // per call, on 429/502/503/504/refused/timeout, backoff doubling
+  backoff_ms: PositiveInt.pipe(withDefault(250)),
+  timeout_ms: PositiveInt.pipe(withDefault(120_000)),
+  // answers asked for per group: a malformed, out-of-range or incomplete answer is asked again (with the reason),
+  // up to this many in all; then the group gets fallback_score for every trajectory
+  max_attempts: PositiveInt.pipe(withDefault(3)),
+  fallback_score: Probability.pipe(withDefault(0)), // equal scores: the group's advantages are 0, it teaches nothing
+  max_trajectory_chars: PositiveInt.pipe(withDefault(6000)), // each trajectory's transcript is cut to this
+  prices: Schema.Struct({
+    prompt_per_token: NonNegative.pipe(withDefault(0)), // judge/cost = tokens at these prices (e.g. dollars)
+    completion_per_token: NonNegative.pipe(withDefault(0))
+  }).pipe(withDefault({})),
+  cache: Schema.Boolean.pipe(withDefault(true)), // a group judged before (same transcripts, rubric, model) is not sent again
+  cache_file: Schema.optionalKey(Schema.NonEmptyString) // JSONL: the cache kept across runs (not read in replay)
+})
+export type JudgeConfig = typeof JudgeConfig.Type
+
 export const EnvironmentConfig = Schema.Struct({
   env_class: Schema.optionalKey(Schema.NonEmptyString), // used when a dataset row names none
   mcp_servers: Schema.Array(McpServerConfig).pipe(withDefault([])),
@@ -80,6 +120,7 @@ export const EnvironmentConfig = Schema.Struct({
   tool_io: Schema.Literals(["live", "record", "replay"]).pipe(withDefault("live")),
   replay_from: Schema.optionalKey(Schema.NonEmptyString), // episodes.jsonl whose tool results `replay` serves
   retries: PositiveInt.pipe(withDefault(2)),
-  tau: Schema.optionalKey(TauConfig)
+  tau: Schema.optionalKey(TauConfig),
+  judge: Schema.optionalKey(JudgeConfig) // the LLM judge of rows with reward_spec.method judge
 })
 export type EnvironmentConfig = typeof EnvironmentConfig.Type

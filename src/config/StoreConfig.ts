@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { NonNegativeInt, PositiveInt, withDefault } from "./Field.ts"
+import { NonNegativeInt, Positive, PositiveInt, SecretRef, withDefault } from "./Field.ts"
 
 export const CheckpointConfig = Schema.Struct({
   interval: NonNegativeInt.pipe(withDefault(0)), // steps between checkpoints; 0 = only at the end
@@ -8,13 +8,54 @@ export const CheckpointConfig = Schema.Struct({
 })
 export type CheckpointConfig = typeof CheckpointConfig.Type
 
+/** Where a training run's spans (and metrics) go over OTLP/HTTP: an OpenTelemetry collector, Jaeger, Tempo, … */
+export const OtlpConfig = Schema.Struct({
+  // the collector's base URL: traces go to <endpoint>/v1/traces, metrics to <endpoint>/v1/metrics
+  endpoint: Schema.NonEmptyString.pipe(withDefault("http://127.0.0.1:4318")),
+  protocol: Schema.Literals(["http/protobuf", "http/json"]).pipe(withDefault("http/protobuf")), // the OTLP/HTTP body
+  // sent with every export; a value is a string or { env: NAME } (a secret read from the environment, never inline)
+  headers: Schema.Record(Schema.String, Schema.Union([Schema.String, SecretRef])).pipe(withDefault({})),
+  service_name: Schema.NonEmptyString.pipe(withDefault("effect-rl")), // the resource's service.name
+  metrics: Schema.Boolean.pipe(withDefault(true)), // also export the training metrics (gauges) to <endpoint>/v1/metrics
+  export_interval_seconds: Positive.pipe(withDefault(5)) // batches are sent this often, and the rest when the run ends
+})
+export type OtlpConfig = typeof OtlpConfig.Type
+
+/** A Prometheus scrape endpoint serving the latest value of every training metric while `train` runs. */
+export const PrometheusConfig = Schema.Struct({
+  host: Schema.NonEmptyString.pipe(withDefault("127.0.0.1")), // 0.0.0.0 to be scraped from other machines
+  port: NonNegativeInt.check(Schema.isLessThanOrEqualTo(65_535)).pipe(withDefault(9464)), // 0 = any free port
+  path: Schema.NonEmptyString.pipe(withDefault("/metrics")),
+  prefix: Schema.String.pipe(withDefault("effect_rl")) // `loss/policy` is served as effect_rl_loss_policy
+})
+export type PrometheusConfig = typeof PrometheusConfig.Type
+
+/**
+ * Where a run's tracking goes: `jsonl` (metrics.jsonl in the run directory, which the report, replay and resume
+ * read: always on), `otlp` (spans of steps, groups, turns, tool calls and weight syncs, and the metrics, to an OTLP/HTTP
+ * collector), `prometheus` (a scrape endpoint).
+ */
+export const TrackingBackend = Schema.Literals(["jsonl", "otlp", "prometheus"])
+export type TrackingBackend = typeof TrackingBackend.Type
+
 export const LoggingConfig = Schema.Struct({
   run_dir: Schema.NonEmptyString.pipe(withDefault("runs/latest")),
   level: Schema.Literals(["Debug", "Info", "Warn", "Error"]).pipe(withDefault("Info")),
   progress: Schema.Boolean.pipe(withDefault(true)),
   record_episodes: Schema.Boolean.pipe(withDefault(true)),
-  report: Schema.Boolean.pipe(withDefault(true))
-})
+  report: Schema.Boolean.pipe(withDefault(true)),
+  backends: Schema.Array(TrackingBackend).pipe(withDefault(["jsonl"])), // e.g. [jsonl, otlp, prometheus]
+  otlp: OtlpConfig.pipe(withDefault({})), // read when backends has otlp
+  prometheus: PrometheusConfig.pipe(withDefault({})) // read when backends has prometheus
+}).check(
+  Schema.makeFilter(
+    (l) =>
+      l.backends.includes("jsonl") || {
+        path: ["backends"],
+        issue: "backends must include jsonl: metrics.jsonl is the run's own record (report, replay and resume read it)"
+      }
+  )
+)
 export type LoggingConfig = typeof LoggingConfig.Type
 
 export const DataConfig = Schema.Struct({

@@ -8,8 +8,9 @@ import { Schema } from "effect"
 import { Message } from "./Message.ts"
 
 export const RewardSpec = Schema.Struct({
-  method: Schema.String, // "rule" for the built-in rule rewards, or the name of a registered reward function
-  ground_truth: Schema.optionalKey(Schema.Unknown)
+  method: Schema.String, // "rule" / "judge" (built in: rule rewards, the group LLM judge) or a registered function's name
+  ground_truth: Schema.optionalKey(Schema.Unknown),
+  rubric: Schema.optionalKey(Schema.String) // method "judge": what the judge scores by (else environment.judge.rubric)
 })
 export type RewardSpec = typeof RewardSpec.Type
 

@@ -9,6 +9,7 @@
  * A `TrajectoryGroup` is the n samples of one prompt (the GRPO group).
  */
 import { Schema } from "effect"
+import { GroupJudgement } from "./LlmCall.ts"
 import { PolicyVersion } from "./PolicyVersion.ts"
 import { ToolCallRecord } from "./ToolCall.ts"
 
@@ -74,7 +75,11 @@ export const TrajectoryGroup = Schema.Struct({
   envClass: Schema.String,
   // earlier attempts of the group lost with their rollout runner (pipeline.rollouts: cluster); absent when none
   retried: Schema.optionalKey(Schema.Int),
-  trajectories: Schema.Array(Trajectory)
+  trajectories: Schema.Array(Trajectory),
+  // an LLM judge's verdict on the group (reward_spec.method judge): its scores are in the trajectories' rewards
+  judge: Schema.optionalKey(GroupJudgement),
+  // the group's span (`rollout.group`) when the run exports traces (logging.backends: otlp): find it in the tracer
+  trace: Schema.optionalKey(Schema.Struct({ traceId: Schema.String, spanId: Schema.String }))
 })
 export type TrajectoryGroup = typeof TrajectoryGroup.Type
 

@@ -18,6 +18,7 @@ import { Effect, type Layer } from "effect"
 import type { EnvironmentConfig } from "../config/EnvironmentConfig.ts"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
+import * as Spans from "../domain/Spans.ts"
 import type { ToolCall, ToolCallRecord } from "../domain/ToolCall.ts"
 import type { McpTool } from "../mcp/Types.ts"
 import { type Env, EnvError, type FunctionTool, type InitResult, type StepResult } from "./Env.ts"
@@ -145,6 +146,12 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
         }).pipe(Effect.mapError((e) => fail("Reward", e.message, e)))
 
   const toEnvError = (e: { readonly message: string }) => fail("ReplayMiss", e.message, e)
+  /** One tool call under its span (`tool.call`, a child of the turn's). */
+  const traced = (call: ToolCall) =>
+    session.call(call).pipe(
+      Effect.tap((record) => Effect.annotateCurrentSpan("tool.is_error", record.isError)),
+      Effect.withSpan(Spans.names.toolCall, { attributes: { "tool.name": call.name } })
+    )
   // the episode's call history is read only by the reward: without a reward_spec it is not kept (a long-lived env
   // would otherwise hold every record it ever made, and the collector pays for them on every call: about 8 µs per
   // call after thousands of calls in the mcp-latency bench)
@@ -165,7 +172,7 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
       records.push(record)
       return records
     }
-    const next = session.call(todo[i]!)
+    const next = traced(todo[i]!)
     return i === todo.length - 1
       ? Effect.mapBoth(next, { onFailure: toEnvError, onSuccess: kept })
       : Effect.flatMap(Effect.mapError(next, toEnvError), (record) => runCalls(todo, i + 1, kept(record)))
@@ -231,7 +238,7 @@ export const make = Effect.fn("McpToolEnv.make")(function* (row: PromptRow, opti
       if (parsed.calls.length === 0) return settle(parsed, [])
       if (parsed.calls.length === 1 && row.reward_spec === undefined) {
         // the common step, one primitive after the parse: the call, its record kept, the result
-        return Effect.mapBoth(session.call(parsed.calls[0]!), {
+        return Effect.mapBoth(traced(parsed.calls[0]!), {
           onFailure: toEnvError,
           onSuccess: (record) => {
             keep(record)

@@ -1,7 +1,8 @@
 /**
  * Rewards from a dataset row's `reward_spec` (SkyRL's `{ method, ground_truth }`). Method `"rule"` is built in: the
  * ground truth (`RuleGroundTruth`) names what success is: an answer, tools that must be called, a sequence of calls.
- * Any other method is a reward function the user registered under that name (`register`).
+ * Method `"judge"` pays nothing per episode: the LLM judge scores the finished group (`GroupJudge`). Any other method
+ * is a reward function the user registered under that name (`register`).
  *
  * The rule reward of a finished episode is
  *   R = w_answer · outcome + w_tool_sequence · tool_sequence_match + w_format · format_ok  (+ the step's per-turn reward)
@@ -150,10 +151,12 @@ const registry = new Map<string, RewardFn>()
 
 /**
  * Makes `fn` the reward of rows whose `reward_spec.method` is `name`; a later registration replaces it.
- * **Gotcha:** the registry is process-wide; register at startup, before rollouts begin. `"rule"` is reserved.
+ * **Gotcha:** the registry is process-wide; register at startup, before rollouts begin. `"rule"` and `"judge"` are reserved.
  */
 export const register = (name: string, fn: RewardFn): void => {
   if (name === "rule") throw new Error('Rewards.register: "rule" is the built-in rule reward and cannot be replaced')
+  if (name === "judge")
+    throw new Error('Rewards.register: "judge" is the built-in LLM group judge and cannot be replaced')
   registry.set(name, fn)
 }
 
@@ -169,6 +172,8 @@ export const evaluate = Effect.fn("Rewards.evaluate")(function* (
   episode: Episode
 ): Effect.fn.Return<RewardResult, RewardError> {
   if (spec === undefined) return { reward: 0, metrics: {} }
+  // the group judge (GroupJudge) pays these rows once their whole group is done; the episode itself pays nothing
+  if (spec.method === "judge") return { reward: 0, metrics: {} }
   if (spec.method !== "rule") return yield* callRegistered(spec, episode)
   const truth = yield* decodeGroundTruth(spec.ground_truth)
   const perTurn = perTurnReward(truth, episode.stepCalls ?? [])

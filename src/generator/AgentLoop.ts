@@ -43,10 +43,11 @@
  * The context limit is checked before each call on the history rendered with our own tokenizer (the served model's),
  * and after it on the server's prompt: a server prompt that leaves no room ends the trajectory `overlong`.
  */
-import { Clock, Effect, Schedule, Schema } from "effect"
+import { Clock, Effect, Exit, Schedule, Schema, type Tracer } from "effect"
 import { type InferenceError, PolicyDivergedError } from "../domain/Errors.ts"
 import type { Message } from "../domain/Message.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
+import * as Spans from "../domain/Spans.ts"
 import type { Step, StopReason, Trajectory, Turn } from "../domain/Trajectory.ts"
 import type { EnvError, FunctionTool } from "../env/Env.ts"
 import { EnvRegistry } from "../env/EnvRegistry.ts"
@@ -125,6 +126,15 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
   let error: string | undefined
   let envMetrics: Record<string, number> = {}
 
+  // each turn's span (`agent.turn`), ended when the next turn starts or the episode ends; the env's tool calls are its
+  // children
+  let turnSpan: Tracer.Span | undefined
+  const endTurn = Effect.suspend(() => {
+    const span = turnSpan
+    turnSpan = undefined
+    return span === undefined ? Effect.void : Effect.map(Clock.currentTimeNanos, (now) => span.end(now, Exit.void))
+  })
+
   const episode = Effect.scoped(
     Effect.gen(function* () {
       const env = yield* registry.make(row.env_class, row)
@@ -146,6 +156,10 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
       }
 
       for (let turn = 0; turn < options.maxTurns; turn++) {
+        yield* endTurn
+        turnSpan = yield* Effect.makeSpan(Spans.names.turn, {
+          attributes: { "trajectory.sample": sample, "turn.index": turn }
+        })
         if (stepWise && !chat)
           stepContext = turn === 0 ? [...promptIds] : yield* tokenizer.applyChatTemplateIds(history, templateOptions)
         // chat: the history as our tokenizer renders it, to size the request (the server's own rendering is checked after)
@@ -262,7 +276,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
         }
 
         const envStart = yield* Clock.currentTimeMillis
-        const step = yield* env.step(text, chatResult?.toolCalls)
+        const step = yield* env.step(text, chatResult?.toolCalls).pipe(Effect.withParentSpan(turnSpan))
         const envMs = (yield* Clock.currentTimeMillis) - envStart
         // chat: the assistant message as the server read it, which its template renders back next turn
         history.push(
@@ -316,6 +330,7 @@ export const run = Effect.fn("AgentLoop.run")(function* (row: PromptRow, sample:
   )
 
   yield* episode.pipe(
+    Effect.ensuring(endTurn),
     Effect.catchIf(
       (e): e is OverlongError | EnvError | InferenceError | TokenizerError | ChatTemplatePrefixError =>
         e._tag !== "PolicyDivergedError",

@@ -3,13 +3,15 @@
  * each prompt concurrently (the GRPO group), at most `max_concurrent_groups` prompts at a time, with backpressure end
  * to end: a slow consumer (the trainer) holds the prompts stream back.
  */
-import { Context, Effect, Layer, Stream } from "effect"
+import { Context, Effect, Layer, Stream, Tracer } from "effect"
 import type { PolicyDivergedError } from "../domain/Errors.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
+import * as Spans from "../domain/Spans.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import type { EnvRegistry } from "../env/EnvRegistry.ts"
+import type { GroupJudge } from "../env/GroupJudge.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
-import type { Tokenizer } from "../tokenizer/Tokenizer.ts"
+import { Tokenizer } from "../tokenizer/Tokenizer.ts"
 import * as AgentLoop from "./AgentLoop.ts"
 
 /** A prompt and its position in this run's dataset order (the resume cursor). */
@@ -23,6 +25,8 @@ export interface GeneratorOptions extends AgentLoop.Options {
   readonly maxConcurrentGroups: number
   /** emit groups as they complete (async pipeline) instead of in prompt order (sync, deterministic) */
   readonly unordered: boolean
+  /** scores the finished groups of rows whose reward_spec.method is judge (environment.judge) */
+  readonly judge?: GroupJudge | undefined
 }
 
 export class Generator extends Context.Service<
@@ -43,8 +47,33 @@ export class Generator extends Context.Service<
   }
 >()("rl/generator/Generator") {}
 
+/** The current span (the group's) as a TraceRef, when spans are exported (Spans.RecordTrace). */
+const traceRef: Effect.Effect<Spans.TraceRef | undefined> = Effect.flatMap(
+  Effect.service(Spans.RecordTrace),
+  (record) =>
+    record
+      ? Effect.match(Effect.currentSpan, {
+          onFailure: () => undefined,
+          onSuccess: (span) => ({ traceId: span.traceId, spanId: span.spanId })
+        })
+      : Effect.succeed(undefined)
+)
+
 export const make = Effect.fn("Generator.make")(function* (options: GeneratorOptions) {
-  const context = yield* Effect.context<InferenceEngine | Tokenizer | EnvRegistry>()
+  // the services, not the span the layer was built under: a group's span is a child of the caller's (the step's)
+  const context = Context.omit(Tracer.ParentSpan)(yield* Effect.context<InferenceEngine | Tokenizer | EnvRegistry>())
+  const tokenizer = Context.get(context, Tokenizer)
+  const decode = (ids: ReadonlyArray<number>) => tokenizer.decode(ids)
+  /** A judge row's group once the judge scored it (the episodes paid nothing: Rewards' method "judge"). */
+  const judged = (row: PromptRow, g: TrajectoryGroup, judge: GroupJudge | undefined) => {
+    if (judge?.applies(row)) return judge.judge(row, g, decode)
+    if (row.reward_spec?.method === "judge") {
+      return Effect.die(
+        new Error(`row ${row.uid ?? g.promptUid} has reward_spec.method judge: set environment.judge (url, model)`)
+      )
+    }
+    return Effect.succeed(g)
+  }
   const group = (prompt: Prompt, overrides: Partial<GeneratorOptions> = {}) => {
     const o = { ...options, ...overrides }
     return Effect.forEach(
@@ -52,16 +81,23 @@ export const make = Effect.fn("Generator.make")(function* (options: GeneratorOpt
       (sample) => AgentLoop.run(prompt.row, sample, o),
       { concurrency: o.samplesPerPrompt }
     ).pipe(
-      Effect.map(
-        (trajectories): TrajectoryGroup => ({
-          promptUid: prompt.row.uid ?? `cursor-${prompt.cursor}`,
-          cursor: prompt.cursor,
-          dataSource: prompt.row.data_source,
-          envClass: prompt.row.env_class,
-          trajectories
-        })
+      Effect.flatMap((trajectories) =>
+        Effect.map(
+          traceRef,
+          (trace): TrajectoryGroup => ({
+            promptUid: prompt.row.uid ?? `cursor-${prompt.cursor}`,
+            cursor: prompt.cursor,
+            dataSource: prompt.row.data_source,
+            envClass: prompt.row.env_class,
+            trajectories,
+            ...(trace === undefined ? {} : { trace })
+          })
+        )
       ),
-      Effect.withSpan("Generator.group", { attributes: { promptUid: prompt.row.uid } }),
+      Effect.flatMap((g) => judged(prompt.row, g, o.judge)),
+      Effect.withSpan(Spans.names.group, {
+        attributes: { "prompt.uid": prompt.row.uid ?? `cursor-${prompt.cursor}`, "prompt.cursor": prompt.cursor }
+      }),
       Effect.provideContext(context)
     )
   }

@@ -8,18 +8,21 @@
  *     ├ McpClient (config's servers) → ToolIo (live | record | replay) → EnvRegistry + mcp_tool env
  *     ├ Generator (AgentLoop), PolicyTrainer
  *     └ EpisodeLog, Metrics, Checkpointer (under the run directory)
+ *   └ tracking (`train` only: logging.backends otlp, prometheus), built first so every service's spans go through it
  *
  * and for `sft`: the backend, PolicyModel, Tokenizer, and SftOutput over Metrics and Checkpointer in `sft.output_dir`.
  */
 
+import { createServer } from "node:http"
 import * as path from "node:path"
-import { NodeServices } from "@effect/platform-node"
-import { Config, Duration, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
+import { NodeHttpServer, NodeServices } from "@effect/platform-node"
+import { Cause, Config, Duration, Effect, Layer, Option, Redacted, Schema, Stream } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import * as ConfigView from "../config/ConfigView.ts"
 import * as PipelineConfig from "../config/PipelineConfig.ts"
 import { derive, RunConfig } from "../config/RunConfig.ts"
+import type { LoggingConfig } from "../config/StoreConfig.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import type { ToolCallRecord } from "../domain/ToolCall.ts"
 import * as EnvRegistry from "../env/EnvRegistry.ts"
@@ -35,6 +38,7 @@ import * as RemoteEngine from "../inference/RemoteEngine.ts"
 import * as WorkerEngine from "../inference/WorkerEngine.ts"
 import * as McpClient from "../mcp/McpClient.ts"
 import * as Metrics from "../metrics/Metrics.ts"
+import * as Tracking from "../metrics/Tracking.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as TrainingLoop from "../pipeline/TrainingLoop.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
@@ -48,6 +52,7 @@ import { Tokenizer } from "../tokenizer/Tokenizer.ts"
 import * as PolicyModel from "../trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../trainer/PolicyTrainer.ts"
 import * as SftTrainer from "../trainer/SftTrainer.ts"
+import * as Judge from "./Judge.ts"
 
 export interface RunOptions {
   readonly runDir: string
@@ -56,6 +61,8 @@ export interface RunOptions {
   /** A PEFT adapter to attach over `model` (model.lora must match it): evaluating a LoRA run's checkpoint. */
   readonly adapterDir?: string
   readonly trainRows: number
+  /** Start logging.backends' otlp and prometheus (`train`; an `eval` beside a run must not take its port). */
+  readonly tracking?: boolean
 }
 
 const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
@@ -257,6 +264,40 @@ const checkpointerLayer = (c: RunConfig, runDir: string) =>
     })
   )
 
+/** Whether `logging.backends` asks for the metrics as gauges (otlp with metrics, prometheus). */
+const wantsGauges = (logging: LoggingConfig) =>
+  (logging.backends.includes("otlp") && logging.otlp.metrics) || logging.backends.includes("prometheus")
+
+/**
+ * The tracking backends beyond metrics.jsonl: OTLP/HTTP over fetch, the Prometheus endpoint on a Node HTTP server (a
+ * busy port is a ConfigError naming logging.prometheus.port).
+ */
+export const tracking = (logging: LoggingConfig): Layer.Layer<never, ConfigError> => {
+  const otlp = logging.backends.includes("otlp")
+    ? Tracking.otlp(logging.otlp).pipe(Layer.provide(FetchHttpClient.layer))
+    : Layer.empty
+  const { host, port } = logging.prometheus
+  const prometheus = logging.backends.includes("prometheus")
+    ? Tracking.prometheus(logging.prometheus).pipe(
+        Layer.provide(NodeHttpServer.layer(createServer, { port, host })),
+        Layer.catchCause((cause) => {
+          const detail = String(Cause.squash(cause))
+          return Layer.effectDiscard(
+            Effect.fail(
+              new ConfigError({
+                path: "logging.prometheus.port",
+                message: detail.includes("EADDRINUSE")
+                  ? `logging.prometheus.port ${port} on ${host} is in use: stop what listens there, or set another port (0 = any free port)`
+                  : `logging.prometheus: cannot listen on ${host}:${port}: ${detail}`
+              })
+            )
+          )
+        })
+      )
+    : Layer.empty
+  return Layer.mergeAll(otlp, prometheus)
+}
+
 /** Everything a training run needs. Initialises the tensor backend before any tensor exists. */
 export const training = (c: RunConfig, options: RunOptions) =>
   Layer.unwrap(
@@ -272,20 +313,23 @@ export const training = (c: RunConfig, options: RunOptions) =>
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const engine = inference(c, options.runDir)
       const weightSync = yield* weightSyncOf(c, options.runDir)
+      const judge = yield* Judge.fromConfig(c)
       const trainer = trainerLayer(c, TrainingLoop.totalSteps(c.trainer, options.trainRows))
       const checkpointer = checkpointerLayer(c, options.runDir)
+      const track = options.tracking === true
       const store = Layer.mergeAll(
         EpisodeLog.layer(options.runDir),
-        Metrics.layer(options.runDir, { progress: c.logging.progress })
+        Metrics.layer(options.runDir, { progress: c.logging.progress, gauges: track && wantsGauges(c.logging) })
       ).pipe(Layer.provide(NodeServices.layer), Layer.orDie)
-      const core = Layer.mergeAll(Generator.layer(generatorOptions(c)), weightSync).pipe(
+      const core = Layer.mergeAll(Generator.layer({ ...generatorOptions(c), judge }), weightSync).pipe(
         Layer.provideMerge(engine),
         Layer.provideMerge(environments(c)),
         Layer.provideMerge(checkpointer)
       )
       return Layer.mergeAll(core, trainer, store, Layer.succeed(TensorBackend.TensorBackend, backend)).pipe(
         Layer.provideMerge(tokenizer),
-        Layer.provideMerge(policy)
+        Layer.provideMerge(policy),
+        Layer.provideMerge(track ? tracking(c.logging) : Layer.empty)
       )
     })
   )

@@ -31,6 +31,20 @@ export const train = {
   "env/tool_ms": "milliseconds spent in tool calls per episode",
   "env/answered": "share of episodes that gave a final answer",
   "env/reward": "the environment's own reward before any shaping",
+  // the LLM judge (reward_spec.method judge): sums over the step's judged groups
+  "judge/groups": "groups the judge scored (or fell back on) in the step",
+  "judge/calls": "chat calls the judge made (a rejected answer is asked again: a group may take several)",
+  "judge/cache_hits": "groups whose verdict came from the judge cache, with no call",
+  "judge/malformed": "judge answers that were not the scores JSON asked for",
+  "judge/out_of_range": "judge answers with a score outside [0, 1] or not a number",
+  "judge/missing": "judge answers that left a trajectory out or scored one that does not exist",
+  "judge/failed_groups":
+    "groups with no usable verdict after environment.judge.max_attempts (or an endpoint failure): each trajectory got fallback_score",
+  "judge/prompt_tokens": "prompt tokens of the step's judge calls (the endpoint's usage)",
+  "judge/completion_tokens": "completion tokens of the step's judge calls",
+  "judge/cost": "the judge calls' tokens at environment.judge.prices",
+  "judge/score_mean": "mean score the judge paid over the step's judged trajectories",
+  "reward/judge": "the judge's score of finished trajectories, averaged (also in judge/score_mean)",
   // the policy update
   "loss/policy": "policy-gradient loss (mean over mini-batches)",
   "loss/kl": "KL loss term against the reference policy (use_kl_loss)",
@@ -92,6 +106,11 @@ export const derived = {
   "throughput/tokens_per_s": "sampled tokens per second of generation time"
 } as const
 
+/** Set by Metrics for the tracking backends (otlp, prometheus) beside the recorded values; not in metrics.jsonl. */
+export const tracking = {
+  "trainer/step": "the step of the last record (a training step, or the step an evaluation ran at)"
+} as const
+
 export const evalStats = {
   avg_score: "mean reward over all held-out samples",
   pass_at_n: "share of held-out prompts with at least one sample scoring > 0"
@@ -112,6 +131,7 @@ export const evalKey = (source: string, stat: keyof typeof evalStats): EvalKey =
 export const meaning = (key: string): string | undefined => {
   if (key in train) return train[key as TrainKey]
   if (key in derived) return derived[key as keyof typeof derived]
+  if (key in tracking) return tracking[key as keyof typeof tracking]
   const stat = /^eval\/(.+)\/(avg_score|pass_at_n)$/.exec(key)
   if (stat !== null) return `${evalStats[stat[2] as keyof typeof evalStats]} (${stat[1]})`
   if (key.startsWith("env/")) return "an environment's own per-episode counter, averaged over trajectories"
@@ -150,6 +170,11 @@ export const charts: ReadonlyArray<Chart> = [
   {
     title: "Staleness (policy versions behind)",
     keys: ["async/staleness_mean", "async/staleness_max"],
+    optional: true
+  },
+  {
+    title: "LLM judge: rejected answers, failed groups, cache hits",
+    keys: ["judge/malformed", "judge/out_of_range", "judge/missing", "judge/failed_groups", "judge/cache_hits"],
     optional: true
   },
   { title: "Throughput: trajectories / s", keys: ["throughput/trajectories_per_s"] },

@@ -2,11 +2,13 @@
  * Run metrics: one JSON object per training step (and per eval) appended to `<run dir>/metrics.jsonl`, with the
  * names of MetricKeys (SkyRL's where it has one: `reward/avg_pass_at_n`, `loss/policy`, `policy/approx_kl`,
  * `timing/*`, `eval/<source>/avg_score`), and a live progress line on stderr: step, reward, pass@n, elapsed, ETA.
+ * With `gauges` (a tracking backend reads them: otlp, prometheus), every recorded value also sets an Effect gauge of
+ * the metric's name, plus `trainer/step` for the step of the last record.
  */
-import { Clock, Console, Context, Effect, FileSystem, Layer, Path, Ref } from "effect"
+import { Clock, Console, Context, Effect, FileSystem, Layer, Metric, Path, Ref } from "effect"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
-import type * as MetricKeys from "./MetricKeys.ts"
+import * as MetricKeys from "./MetricKeys.ts"
 
 export interface Progress {
   readonly step: number
@@ -52,7 +54,34 @@ export const progressLine = (p: Progress, elapsed: number, secondsPerStep?: numb
   )
 }
 
-export const make = Effect.fn("Metrics.make")(function* (runDir: string, options: { readonly progress: boolean }) {
+export interface Options {
+  readonly progress: boolean
+  /** Also set an Effect gauge per metric name (Tracking's otlp and prometheus backends export them). */
+  readonly gauges?: boolean
+}
+
+const gauges = new Map<string, Metric.Gauge<number>>()
+const gaugeOf = (name: string) => {
+  let g = gauges.get(name)
+  if (g === undefined) {
+    const description = MetricKeys.meaning(name)
+    g = Metric.gauge(name, description === undefined ? undefined : { description })
+    gauges.set(name, g)
+  }
+  return g
+}
+
+/** Set the gauge of every finite value, and `trainer/step`. */
+const setGauges = (step: number, values: MetricKeys.Values) =>
+  Effect.suspend(() => {
+    const updates = [Metric.update(gaugeOf("trainer/step"), step)]
+    for (const [name, value] of Object.entries(values)) {
+      if (typeof value === "number" && Number.isFinite(value)) updates.push(Metric.update(gaugeOf(name), value))
+    }
+    return Effect.all(updates, { discard: true })
+  })
+
+export const make = Effect.fn("Metrics.make")(function* (runDir: string, options: Options) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const file = path.join(runDir, fileName)
@@ -70,6 +99,7 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
         .writeFileString(file, `${line}\n`, { flag: "a" })
         .pipe(Effect.catch((e) => Effect.logWarning(`metrics: cannot append to ${file}: ${e.message}`)))
       if (event === "train") yield* Ref.set(lastValues, { ...values })
+      if (options.gauges === true) yield* setGauges(step, values)
     })
   // the ETA's pace: the steps' own times (`timing/step`), not the evaluations between them or the start-up before
   let stepSeconds = 0
@@ -90,5 +120,4 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
   return Metrics.of({ file, record, progress, elapsedSeconds })
 })
 
-export const layer = (runDir: string, options: { readonly progress: boolean }) =>
-  Layer.effect(Metrics, make(runDir, options))
+export const layer = (runDir: string, options: Options) => Layer.effect(Metrics, make(runDir, options))

@@ -8,6 +8,7 @@
  * sampled afresh, and a run with the same config and seed reproduces the same trajectories.
  */
 import { Clock, Effect, Stream } from "effect"
+import * as Spans from "../domain/Spans.ts"
 import { Generator } from "../generator/Generator.ts"
 import { EpisodeLog } from "../store/EpisodeLog.ts"
 import * as PromptOrder from "./PromptOrder.ts"
@@ -22,7 +23,14 @@ export const make = Effect.fn("SyncSource.make")(function* (inputs: Rollouts.Inp
   if (pending.size > 0)
     yield* Effect.logInfo(`${pending.size} in-flight groups restored: they train before any is generated`)
 
+  // the step's span opens here, so its groups are generated under it (step → group → turn → tool call); the loop
+  // trains under it too and ends it
   const batch = (step: number) =>
+    Effect.flatMap(Effect.makeSpan(Spans.names.step, { attributes: { "train.step": step } }), (span) =>
+      generate(step, span).pipe(Effect.withParentSpan(span))
+    )
+
+  const generate = (step: number, span: TrainingLoop.Batch["span"]) =>
     Effect.gen(function* () {
       const t0 = yield* Clock.currentTimeMillis
       const prompts = order.slice((step - 1) * B, step * B)
@@ -49,7 +57,8 @@ export const make = Effect.fn("SyncSource.make")(function* (inputs: Rollouts.Inp
         step,
         groups: groups.map((g) => g.group),
         metrics: { "timing/generate": ((yield* Clock.currentTimeMillis) - t0) / 1000 },
-        startedAt: t0
+        startedAt: t0,
+        ...(span === undefined ? {} : { span })
       }
       return batch
     })

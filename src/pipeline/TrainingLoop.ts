@@ -22,12 +22,14 @@
  * weights are still those of the step before: the loop checkpoints that step with the failed step's groups in
  * flight, so `--resume latest` trains exactly those groups again instead of regenerating them.
  */
-import { Cause, Clock, Effect, type FileSystem, type Path, Schema, Stream } from "effect"
+import { Cause, Clock, Effect, type Exit, type FileSystem, type Path, Schema, Stream, Tracer } from "effect"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { CheckpointError, PolicyDivergedError } from "../domain/Errors.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
+import * as Spans from "../domain/Spans.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as Env from "../env/Env.ts"
+import * as GroupJudge from "../env/GroupJudge.ts"
 import type * as MetricKeys from "../metrics/MetricKeys.ts"
 import { Metrics } from "../metrics/Metrics.ts"
 import * as Report from "../metrics/Report.ts"
@@ -58,7 +60,30 @@ export interface Batch {
   readonly groups: ReadonlyArray<TrajectoryGroup>
   readonly metrics: MetricKeys.Values // e.g. timing/generate, async/staleness_max
   readonly startedAt: number // epoch ms when the source started on this batch
+  /**
+   * The step's span (`train.step`) when the source opened it to generate the batch under it (SyncSource); the loop
+   * trains under it and ends it. Without one the loop opens it, linked to the groups' spans (AsyncSource, replay).
+   */
+  readonly span?: Tracer.Span
 }
+
+/** The `train.step` span of a step whose groups were generated before it, linked to each group's span. */
+export const stepSpan = (step: number, groups: ReadonlyArray<TrajectoryGroup>) =>
+  Effect.makeSpan(Spans.names.step, {
+    attributes: { "train.step": step },
+    links: groups.flatMap((g) =>
+      g.trace === undefined ? [] : [{ span: Tracer.externalSpan(g.trace), attributes: { "prompt.uid": g.promptUid } }]
+    )
+  })
+
+/** Run `effect` under `span` and end the span with its exit. */
+const underSpan = <A, E, R>(span: Tracer.Span, effect: Effect.Effect<A, E, R>) =>
+  effect.pipe(
+    Effect.withParentSpan(span),
+    Effect.onExit((exit: Exit.Exit<A, E>) =>
+      Effect.flatMap(Clock.currentTimeNanos, (now) => Effect.sync(() => span.end(now, exit)))
+    )
+  )
 
 /** What a checkpoint adds for the source: trainer_state.json `data` and extra files (in-flight groups). */
 export interface CheckpointPart {
@@ -197,7 +222,13 @@ export const run = <R1, R2>(
 
     const source = yield* makeSource(start)
     const steps = source.totalSteps
-    const evaluate: NonNullable<Options<R1>["evaluate"]> = options.evaluate ?? (() => Effect.succeed(undefined))
+    const evaluate: NonNullable<Options<R1>["evaluate"]> =
+      options.evaluate === undefined
+        ? () => Effect.succeed(undefined)
+        : (label, step) =>
+            options.evaluate!(label, step).pipe(
+              Effect.withSpan(Spans.names.eval, { attributes: { "train.step": step, "eval.label": label } })
+            )
     const refreshReport = settings.report === true ? Report.refresh(runDir) : Effect.void
     const evalBefore =
       settings.evalBeforeTrain && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
@@ -235,7 +266,7 @@ export const run = <R1, R2>(
       })
 
     /** One step: train and publish under the source's guard, then record it. */
-    const trainStep = (batch: Batch) =>
+    const trainAndRecord = (batch: Batch) =>
       Effect.gen(function* () {
         const before = yield* trainer.version
         const t0 = yield* Clock.currentTimeMillis
@@ -249,7 +280,9 @@ export const run = <R1, R2>(
             Effect.tap((r) =>
               Effect.gen(function* () {
                 const t1 = yield* Clock.currentTimeMillis
-                syncBytes = yield* options.publish(r.version)
+                syncBytes = yield* options
+                  .publish(r.version)
+                  .pipe(Effect.withSpan(Spans.names.weightSync, { attributes: { "policy.version": r.version } }))
                 publishMs = (yield* Clock.currentTimeMillis) - t1
               })
             )
@@ -262,6 +295,7 @@ export const run = <R1, R2>(
         const values: MetricKeys.Values = {
           ...result.metrics,
           ...Env.aggregateMetrics(batch.groups.flatMap((g) => g.trajectories.map((t) => t.envMetrics))),
+          ...GroupJudge.stepMetrics(batch.groups),
           ...batch.metrics,
           ...after,
           "trainer/policy_version": result.version,
@@ -273,6 +307,13 @@ export const run = <R1, R2>(
         yield* metrics.record("train", batch.step, values)
         yield* metrics.progress({ step: batch.step, totalSteps: steps, values })
       })
+
+    /** One step under its span (`train.step`), which ends with it. */
+    const trainStep = (batch: Batch) =>
+      Effect.flatMap(
+        batch.span === undefined ? stepSpan(batch.step, batch.groups) : Effect.succeed(batch.span),
+        (span) => underSpan(span, trainAndRecord(batch))
+      )
 
     const deadline = deadlineOf(settings, yield* Clock.currentTimeMillis)
     let groups = 0
@@ -336,4 +377,4 @@ export const run = <R1, R2>(
       ...(evalAfter === undefined ? {} : { evalAfter })
     }
     return summary
-  }).pipe(Effect.withSpan("TrainingLoop.run"))
+  }).pipe(Effect.withSpan(Spans.names.run))
