@@ -6,13 +6,20 @@
  * toolbox server (`train.jsonl`, `val.jsonl`) and demonstrations of the train tasks (`demos.jsonl`); the same flags
  * give byte-identical files. Ends with a JSON line: counts per split and family, file sizes.
  */
-import { Console, Effect, FileSystem, Option, Path, Stream } from "effect"
+import { Console, Effect, FileSystem, Option, Path, type Scope, Stream } from "effect"
 import { Argument, CliError, Command, Flag } from "effect/cli"
 import * as Dataset from "../data/Dataset.ts"
 import * as DatasetStats from "../data/DatasetStats.ts"
+import * as DependentSpecs from "../data/DependentSpecs.ts"
+import * as LlmTasks from "../data/LlmTasks.ts"
 import * as TauBenchConverter from "../data/TauBenchConverter.ts"
 import * as ToolboxTasks from "../data/ToolboxTasks.ts"
+import { DatasetError } from "../domain/Errors.ts"
+import type { PromptRow } from "../domain/PromptRow.ts"
+import * as ChatClient from "../env/ChatClient.ts"
 import * as TauDb from "../env/tau/Db.ts"
+import * as RunFlags from "./RunFlags.ts"
+import * as ToolsCommand from "./ToolsCommand.ts"
 
 const maxListed = 20
 
@@ -200,9 +207,321 @@ const toolbox = Command.make(
   ])
 )
 
+// ---------------------------------------------------------------------------------------------------------------
+// Tasks written by an LLM: `generate llm` (tools from a file) and `generate mcp` (an MCP server's tools).
+
+const list = (text: string): ReadonlyArray<string> =>
+  text
+    .split(",")
+    .map((x) => x.trim())
+    .filter((x) => x !== "")
+
+const llmFlags = {
+  url: Flag.String("url").pipe(
+    Flag.withDescription("Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (not with --replay)"),
+    Flag.optional
+  ),
+  model: Flag.String("model").pipe(Flag.withDescription("The endpoint's model name"), Flag.optional),
+  apiKeyEnv: Flag.String("api-key-env").pipe(
+    Flag.withDescription("Environment variable holding the API key (sent as a bearer token), e.g. OPENAI_API_KEY"),
+    Flag.optional
+  ),
+  count: positiveInt("count", 50, "Tasks to keep"),
+  seed: positiveInt("seed", 0, "Seed of the (domain, complexity) draws and the requests' seed"),
+  batch: positiveInt("batch", LlmTasks.defaults.batch, "Tasks asked for per call"),
+  maxCalls: Flag.Int("max-calls").pipe(
+    Flag.withDescription("Most calls in all (default 3 × ⌈count / batch⌉ + 2)"),
+    Flag.optional
+  ),
+  concurrency: positiveInt("concurrency", LlmTasks.defaults.concurrency, "Calls in flight at once"),
+  maxTools: positiveInt("max-tools", LlmTasks.defaults.maxTools, "Most tool calls one task may need"),
+  maxTurns: positiveInt("max-turns", LlmTasks.defaults.maxTurns, "The rows' max_turns (turn budget per episode)"),
+  temperature: Flag.Finite("temperature").pipe(
+    Flag.withDescription(`Sampling temperature (default ${LlmTasks.defaults.temperature})`),
+    Flag.withDefault(LlmTasks.defaults.temperature)
+  ),
+  maxTokens: positiveInt("max-tokens", LlmTasks.defaults.maxTokens, "Most tokens per answer"),
+  noResponseFormat: Flag.Boolean("no-response-format").pipe(
+    Flag.withDescription("Do not send response_format (for endpoints without JSON-schema outputs)"),
+    Flag.withDefault(false)
+  ),
+  sequenceWeight: Flag.Finite("sequence-weight").pipe(
+    Flag.withDescription(
+      `Reward weight of the tool sequence's partial credit; the outcome gets 1 − it (default ${LlmTasks.defaults.sequenceWeight})`
+    ),
+    Flag.withDefault(LlmTasks.defaults.sequenceWeight)
+  ),
+  out: Flag.String("out").pipe(
+    Flag.withDescription("Output .jsonl (or .json); the prompts and raw answers go to <out>.raw.jsonl")
+  ),
+  replay: Flag.File("replay", { mustExist: true }).pipe(
+    Flag.withDescription("A raw log (<out>.raw.jsonl) to regenerate the same rows from, with no endpoint or server"),
+    Flag.optional
+  ),
+  force
+}
+
+type LlmFlags = {
+  readonly [K in keyof typeof llmFlags]: (typeof llmFlags)[K] extends Flag.Flag<infer A> ? A : never
+}
+
+/** Generates (or replays), then writes the rows and the raw log and prints progress and a JSON summary. */
+const runLlmTasks = Effect.fnUntraced(function* (
+  flags: LlmFlags,
+  fresh: Effect.Effect<
+    { readonly tools: ReadonlyArray<LlmTasks.Tool>; readonly settings: LlmTasks.Settings },
+    CliError.UserError,
+    Scope.Scope | FileSystem.FileSystem
+  >
+) {
+  const fs = yield* FileSystem.FileSystem
+  const path = yield* Path.Path
+  const rawOut = LlmTasks.rawFile(flags.out)
+  yield* refuseOverwrite([flags.out, rawOut], flags.force)
+  let client: ChatClient.ChatClient
+  let tools: ReadonlyArray<LlmTasks.Tool>
+  let settings: LlmTasks.Settings
+  if (Option.isSome(flags.replay)) {
+    const file = flags.replay.value
+    const text = yield* fs.readFileString(file).pipe(Effect.mapError((e) => userError(`${file}: ${e.message}`)))
+    const log = yield* Effect.try({
+      try: () => LlmTasks.readRawLog(text, file),
+      catch: (e) => userError(e instanceof Error ? e.message : String(e))
+    })
+    tools = log.header.tools
+    settings = log.header.settings
+    client = ChatClient.make({
+      url: "http://replay.invalid/v1",
+      model: log.header.model,
+      mode: "replay",
+      records: log.records
+    })
+    yield* Console.log(
+      `replaying ${log.records.length} recorded calls from ${file} (settings and tools from its header)`
+    )
+  } else {
+    if (Option.isNone(flags.url) || Option.isNone(flags.model)) {
+      return yield* userError("give --url and --model (an OpenAI-compatible endpoint), or --replay RAW_LOG")
+    }
+    const fromSource = yield* fresh
+    tools = fromSource.tools
+    settings = fromSource.settings
+    const key = yield* ChatClient.apiKey(
+      Option.isSome(flags.apiKeyEnv) ? { env: flags.apiKeyEnv.value } : undefined
+    ).pipe(Effect.mapError((e) => userError(`--api-key-env: ${e.message}`)))
+    if (Option.isSome(flags.apiKeyEnv) && key === undefined) {
+      return yield* userError(`--api-key-env ${flags.apiKeyEnv.value}: that environment variable is not set`)
+    }
+    client = ChatClient.make({
+      url: flags.url.value,
+      model: flags.model.value,
+      apiKey: key,
+      maxConcurrency: settings.concurrency,
+      mode: "record"
+    })
+    yield* Console.log(
+      `asking ${client.endpoint} (${client.model}) for ${settings.count} tasks over ${tools.length} tools`
+    )
+  }
+  const result = yield* LlmTasks.generate(client, tools, settings, (p) =>
+    Console.log(
+      `call ${p.call + 1}: ${settings.style === "mcp" ? `difficulty ${p.complexity}` : `${p.domain} / ${p.complexity}`}: ` +
+        `kept ${p.kept}, rejected ${p.rejected.length}${p.rejected.length > 0 ? ` (${p.rejected[0]!.reason}${p.rejected.length > 1 ? ", ..." : ""})` : ""}; ` +
+        `${p.total}/${settings.count} tasks`
+    )
+  ).pipe(Effect.mapError((e) => userError(e.message)))
+  const dir = path.dirname(flags.out)
+  if (dir !== "") yield* fs.makeDirectory(dir, { recursive: true })
+  yield* fs.writeFileString(flags.out, TauBenchConverter.serialize(result.rows, flags.out))
+  const header: LlmTasks.Header = { kind: "header", settings, model: client.model, tools }
+  yield* fs.writeFileString(rawOut, LlmTasks.rawLog(header, result.calls))
+  yield* Console.log(`${flags.out}: ${result.rows.length} rows; ${rawOut}: ${result.calls.length} calls`)
+  if (result.rows.length < settings.count) {
+    yield* Console.error(
+      `only ${result.rows.length} of ${settings.count} tasks after ${result.calls.length} calls (--max-calls ${settings.maxCalls}); see the rejections in ${rawOut}`
+    )
+  }
+  yield* Console.log(
+    JSON.stringify({
+      out: flags.out,
+      raw: rawOut,
+      rows: result.rows.length,
+      calls: result.calls.length,
+      rejected: result.rejected,
+      duplicates: result.duplicates,
+      prompt_tokens: result.promptTokens,
+      completion_tokens: result.completionTokens,
+      replayed: client.mode === "replay"
+    })
+  )
+})
+
+const settingsOf = (
+  flags: LlmFlags,
+  style: "llm" | "mcp",
+  domains: ReadonlyArray<string>,
+  complexities: ReadonlyArray<string>,
+  dataSource: string
+) =>
+  Effect.gen(function* () {
+    if (!(flags.sequenceWeight >= 0 && flags.sequenceWeight <= 1)) {
+      return yield* userError("--sequence-weight must be in [0, 1]")
+    }
+    if (flags.count < 1 || flags.batch < 1 || flags.maxTools < 1 || flags.maxTurns < 1 || flags.concurrency < 1) {
+      return yield* userError("--count, --batch, --max-tools, --max-turns and --concurrency must be ≥ 1")
+    }
+    const maxCalls = Option.getOrElse(flags.maxCalls, () => LlmTasks.defaultMaxCalls(flags.count, flags.batch))
+    if (maxCalls < 1) return yield* userError("--max-calls must be ≥ 1")
+    const settings: LlmTasks.Settings = {
+      style,
+      domains,
+      complexities,
+      maxTools: flags.maxTools,
+      maxTurns: flags.maxTurns,
+      count: flags.count,
+      seed: flags.seed,
+      batch: flags.batch,
+      maxCalls,
+      concurrency: flags.concurrency,
+      dataSource,
+      sequenceWeight: flags.sequenceWeight,
+      temperature: flags.temperature,
+      maxTokens: flags.maxTokens,
+      responseFormat: !flags.noResponseFormat
+    }
+    return settings
+  })
+
+const llm = Command.make(
+  "llm",
+  {
+    ...llmFlags,
+    tools: Flag.File("tools", { mustExist: true }).pipe(
+      Flag.withDescription(
+        "The tools, a JSON array: MCP tools {name, description, inputSchema, server?} (what `tools list` prints last) or OpenAI functions"
+      ),
+      Flag.optional
+    ),
+    domains: Flag.String("domains").pipe(
+      Flag.withDescription(`Comma-separated domains (default ${LlmTasks.defaults.llm.domains.join(", ")})`),
+      Flag.withDefault(LlmTasks.defaults.llm.domains.join(","))
+    ),
+    complexities: Flag.String("complexities").pipe(
+      Flag.withDescription(`Comma-separated complexities (default ${LlmTasks.defaults.llm.complexities.join(", ")})`),
+      Flag.withDefault(LlmTasks.defaults.llm.complexities.join(","))
+    ),
+    dataSource: Flag.String("data-source").pipe(
+      Flag.withDescription("The rows' data_source (default llm_tasks)"),
+      Flag.withDefault("llm_tasks")
+    )
+  },
+  Effect.fn("cli.data.generate.llm")(function* (flags) {
+    const fresh = Effect.gen(function* () {
+      if (Option.isNone(flags.tools))
+        return yield* userError("give --tools FILE (a JSON array of tools), or --replay RAW_LOG")
+      const fs = yield* FileSystem.FileSystem
+      const file = flags.tools.value
+      const text = yield* fs.readFileString(file).pipe(Effect.mapError((e) => userError(`${file}: ${e.message}`)))
+      const tools = yield* Effect.try({
+        try: () => LlmTasks.toolsFromJson(JSON.parse(text) as unknown, file),
+        catch: (e) =>
+          userError(e instanceof SyntaxError ? `${file}: not valid JSON: ${e.message}` : String((e as Error).message))
+      })
+      const settings = yield* settingsOf(flags, "llm", list(flags.domains), list(flags.complexities), flags.dataSource)
+      return { tools, settings }
+    })
+    yield* runLlmTasks(flags, fresh)
+  }, Effect.scoped)
+).pipe(
+  Command.withDescription(
+    "Tool-use tasks written by an LLM (any OpenAI-compatible endpoint), checked against the tools' schemas, de-duplicated"
+  ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --tools tools.json --url http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B --count 200 --out runs/llm/train.jsonl`,
+      description: "200 tasks from a vLLM server; prompts and answers kept in runs/llm/train.raw.jsonl"
+    },
+    {
+      command: `${commandPath.join(" ")} --replay runs/llm/train.raw.jsonl --out runs/llm/again.jsonl`,
+      description: "the same rows again from the recorded calls, with no endpoint"
+    }
+  ])
+)
+
+const mcp = Command.make(
+  "mcp",
+  {
+    ...llmFlags,
+    config: RunFlags.config.pipe(Flag.optional),
+    server: Flag.String("server").pipe(
+      Flag.withDescription("Name of a server in the config's environment.mcp_servers (with --config)"),
+      Flag.optional
+    ),
+    command: Flag.String("command").pipe(
+      Flag.withDescription('A stdio server command line, e.g. "node src/toolbox/server.ts" ("node" is this Node)'),
+      Flag.optional
+    ),
+    name: Flag.String("name").pipe(
+      Flag.withDescription(
+        "The server's name in the rows: the environment.mcp_servers name the run mounts it under (default: --server's, or the command's)"
+      ),
+      Flag.optional
+    ),
+    complexities: Flag.String("difficulties").pipe(
+      Flag.withDescription(`Comma-separated difficulties (default ${LlmTasks.defaults.mcp.complexities.join(", ")})`),
+      Flag.withDefault(LlmTasks.defaults.mcp.complexities.join(","))
+    ),
+    dataSource: Flag.String("data-source").pipe(
+      Flag.withDescription("The rows' data_source (default mcp_tasks/<server>)"),
+      Flag.optional
+    )
+  },
+  Effect.fn("cli.data.generate.mcp")(function* (flags) {
+    const fresh = Effect.gen(function* () {
+      if (Option.isNone(flags.command) && Option.isNone(flags.config)) {
+        return yield* userError('give --command "CMD ARGS" or --config FILE [--server NAME], or --replay RAW_LOG')
+      }
+      const selected = yield* ToolsCommand.selectServers({ ...flags, url: Option.none(), overrides: [] })
+      if (Option.isSome(flags.name) && selected.length > 1) {
+        return yield* userError("--name renames one server: pick it with --server NAME")
+      }
+      const servers = Option.isSome(flags.name)
+        ? selected.map((s) => ({ ...s, name: flags.name.pipe(Option.getOrThrow) }))
+        : selected
+      const client = yield* ToolsCommand.connect(servers)
+      const mcpTools = yield* client.tools
+      if (mcpTools.length === 0) return yield* userError(`${servers.map((s) => s.name).join(", ")} offers no tools`)
+      const tools: ReadonlyArray<LlmTasks.Tool> = mcpTools.map((t) => ({
+        name: t.name,
+        description: t.description,
+        inputSchema: t.inputSchema,
+        server: t.server
+      }))
+      const dataSource = Option.getOrElse(flags.dataSource, () => `mcp_tasks/${servers.map((s) => s.name).join("+")}`)
+      const settings = yield* settingsOf(flags, "mcp", [], list(flags.complexities), dataSource)
+      return { tools, settings }
+    })
+    yield* runLlmTasks(flags, fresh)
+  }, Effect.scoped)
+).pipe(
+  Command.withDescription(
+    "Tasks for an MCP server's own tools (its schemas in the prompt), written by an LLM; rows name the server"
+  ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --command "node src/toolbox/server.ts" --name toolbox --url http://127.0.0.1:8000/v1 --model policy --count 100 --out runs/mcp/train.jsonl`,
+      description: "100 tasks for the bundled toolbox, runnable with mcp_servers [{name: toolbox, ...}]"
+    },
+    {
+      command: `${commandPath.join(" ")} --config configs/quickstart.yaml --server toolbox --url https://api.openai.com/v1 --api-key-env OPENAI_API_KEY --model gpt-4o-mini --out runs/mcp/tb.jsonl`,
+      description: "a hosted model writing tasks for a server declared in a config"
+    }
+  ])
+)
+
 const generate = Command.make("generate").pipe(
   Command.withDescription("Generate datasets"),
-  Command.withSubcommands([toolbox])
+  Command.withSubcommands([toolbox, llm, mcp])
 )
 
 const tauBench = Command.make(
@@ -264,9 +583,90 @@ const tauBench = Command.make(
   ])
 )
 
+const dependentSpecs = Command.make(
+  "dependent-specs",
+  {
+    input: Flag.File("in", { mustExist: true }).pipe(
+      Flag.withDescription("Specs: .jsonl (one per line), .json (an array) or .parquet")
+    ),
+    out: Flag.String("out").pipe(Flag.withDescription("Output .jsonl (or .json) file")),
+    server: Flag.String("server").pipe(
+      Flag.withDescription("MCP server (environment.mcp_servers name) of calls whose spec names none"),
+      Flag.optional
+    ),
+    followUps: Flag.Literals("follow-ups", ["append", "drop"]).pipe(
+      Flag.withDescription("Later user turns: appended to the first user message, or dropped (default append)"),
+      Flag.withDefault("append" as const)
+    ),
+    sequenceWeight: Flag.Finite("sequence-weight").pipe(
+      Flag.withDescription(
+        `Reward weight of the partial credit for the tool sequence; the outcome gets 1 − it (default ${DependentSpecs.defaultOptions.sequenceWeight})`
+      ),
+      Flag.withDefault(DependentSpecs.defaultOptions.sequenceWeight)
+    ),
+    dataSource: Flag.String("data-source").pipe(
+      Flag.withDescription(`data_source of specs that name none (default ${DependentSpecs.defaultOptions.dataSource})`),
+      Flag.withDefault(DependentSpecs.defaultOptions.dataSource)
+    ),
+    force
+  },
+  Effect.fn("cli.data.convert.dependent-specs")(function* (flags) {
+    const fs = yield* FileSystem.FileSystem
+    const path = yield* Path.Path
+    if (!(flags.sequenceWeight >= 0 && flags.sequenceWeight <= 1)) {
+      return yield* userError("--sequence-weight must be in [0, 1]")
+    }
+    const options: DependentSpecs.Options = {
+      ...DependentSpecs.defaultOptions,
+      dataSource: flags.dataSource,
+      followUps: flags.followUps,
+      sequenceWeight: flags.sequenceWeight,
+      ...(Option.isSome(flags.server) ? { server: flags.server.value } : {})
+    }
+    const baseName = path.basename(flags.input)
+    const rows: Array<PromptRow> = []
+    const errors: Array<string> = []
+    yield* Dataset.readRaw(flags.input).pipe(
+      Stream.runForEach(({ raw, index }) =>
+        Effect.sync(() => {
+          const out = DependentSpecs.convert(raw, flags.input, index, baseName, options)
+          if (out instanceof DatasetError) errors.push(out.message)
+          else rows.push(out)
+        })
+      ),
+      Effect.mapError((e) => userError(e.message))
+    )
+    if (errors.length > 0) {
+      for (const error of errors.slice(0, maxListed)) yield* Console.error(error)
+      if (errors.length > maxListed) yield* Console.error(`... and ${errors.length - maxListed} more bad specs`)
+      return yield* userError(
+        `${errors.length} of ${errors.length + rows.length} specs of ${flags.input} are invalid; nothing written`
+      )
+    }
+    yield* refuseOverwrite([flags.out], flags.force)
+    const dir = path.dirname(flags.out)
+    if (dir !== "") yield* fs.makeDirectory(dir, { recursive: true })
+    yield* fs.writeFileString(flags.out, TauBenchConverter.serialize(rows, flags.out))
+    const calls = rows.reduce((n, r) => n + Number(r.extra_info?.["calls"] ?? 0), 0)
+    const unresolved = rows.reduce((n, r) => n + Number(r.extra_info?.["unresolved_arguments"] ?? 0), 0)
+    yield* Console.log(`${flags.out}: ${rows.length} rows, ${calls} expected calls, ${unresolved} unresolved arguments`)
+    yield* Console.log(JSON.stringify({ in: flags.input, out: flags.out, rows: rows.length, calls, unresolved }))
+  })
+).pipe(
+  Command.withDescription(
+    "Multi-turn dependent specs → compact prompts (system + one user message) with ground_truth.tool_sequence"
+  ),
+  Command.withExamples(({ commandPath }) => [
+    {
+      command: `${commandPath.join(" ")} --in specs.jsonl --out runs/specs/train.jsonl --server toolbox`,
+      description: "convert scripted conversations for the toolbox server"
+    }
+  ])
+)
+
 const convert = Command.make("convert").pipe(
   Command.withDescription("Convert datasets to SkyRL-format rows"),
-  Command.withSubcommands([tauBench])
+  Command.withSubcommands([tauBench, dependentSpecs])
 )
 
 export const command = Command.make("data").pipe(

@@ -46,7 +46,7 @@ const decodeServer = (raw: Record<string, unknown>) =>
   Schema.decodeUnknownEffect(McpServerConfigSchema)(raw).pipe(Effect.mapError((e) => userError(e.message)))
 
 /** The servers the flags name: a config file's (optionally one of them), a command line, or a URL. */
-const selectServers = Effect.fn("cli.tools.selectServers")(function* (flags: {
+export const selectServers = Effect.fn("cli.tools.selectServers")(function* (flags: {
   readonly config: Option.Option<string>
   readonly server: Option.Option<string>
   readonly command: Option.Option<string>
@@ -84,7 +84,7 @@ const selectServers = Effect.fn("cli.tools.selectServers")(function* (flags: {
   return [found]
 })
 
-const connect = (servers: ReadonlyArray<McpServerConfig>) =>
+export const connect = (servers: ReadonlyArray<McpServerConfig>) =>
   McpClient.make({ servers, retries: 0 }).pipe(Effect.mapError((e) => userError(e.message)))
 
 const list = Command.make(
