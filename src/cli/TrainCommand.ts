@@ -10,6 +10,7 @@ import { Command, Flag } from "effect/cli"
 import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
+import * as GroupJudge from "../env/GroupJudge.ts"
 import { ConfigError } from "../domain/Errors.ts"
 import * as RunLayers from "../layers/RunLayers.ts"
 import * as Report from "../metrics/Report.ts"
@@ -62,7 +63,9 @@ export const command = Command.make(
     if (config.data.train.length === 0) {
       return yield* new ConfigError({ file, path: "data.train", message: "data.train: no training files given" })
     }
-    const train = yield* readRows(config.data.train, config.data.max_prompts, config.data.include)
+    const rows = yield* readRows(config.data.train, config.data.max_prompts, config.data.include)
+    // environment.judge.apply_to all_train_rows: the judge scores every training row (held-out rows keep theirs)
+    const train = config.environment.judge?.apply_to === "all_train_rows" ? GroupJudge.asJudgeRows(rows) : rows
     const val = yield* readRows(config.data.val, config.data.max_eval_prompts, config.data.include)
     const { resumeFrom } = yield* RunDirectory.open(
       runDir,

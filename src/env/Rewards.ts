@@ -252,7 +252,7 @@ const perTurnReward = (truth: RuleGroundTruth, calls: ReadonlyArray<ToolCallReco
 const callRegistered = (spec: RewardSpec, episode: Episode): Effect.Effect<RewardResult, RewardError> => {
   const fn = registry.get(spec.method)
   if (fn === undefined) {
-    const known = ["rule", ...[...registry.keys()].sort()].map((name) => `"${name}"`).join(", ")
+    const known = ["rule", "judge", ...[...registry.keys()].sort()].map((name) => `"${name}"`).join(", ")
     return Effect.fail(
       new RewardError({
         method: spec.method,

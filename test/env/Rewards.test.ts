@@ -350,11 +350,11 @@ describe("Rewards.register", () => {
 
   it.effect("an unknown method fails, listing the registered ones", () =>
     Effect.gen(function* () {
-      const error = yield* Effect.flip(Rewards.evaluate({ method: "judge" }, finished("x")))
+      const error = yield* Effect.flip(Rewards.evaluate({ method: "llm_judge" }, finished("x")))
       assert.strictEqual(error.reason, "UnknownMethod")
       assert.strictEqual(
         error.message,
-        'unknown reward method "judge"; registered: "rule", "test/effectful", "test/length", "test/nan", "test/throws"'
+        'unknown reward method "llm_judge"; registered: "rule", "judge", "test/effectful", "test/length", "test/nan", "test/throws"'
       )
     })
   )
@@ -369,7 +369,15 @@ describe("Rewards.register", () => {
     })
   )
 
-  it('refuses to replace the built-in "rule"', () => {
+  it('refuses to replace the built-in "rule" and "judge"', () => {
     assert.throws(() => Rewards.register("rule", () => 0), /built-in rule reward/)
+    assert.throws(() => Rewards.register("judge", () => 0), /built-in LLM group judge/)
   })
+
+  it.effect('"judge" pays nothing per episode: the group judge pays once the group is done', () =>
+    Effect.gen(function* () {
+      const result = yield* Rewards.evaluate({ method: "judge", ground_truth: { answer: 5 } }, finished("5"))
+      assert.deepStrictEqual(result, { reward: 0, metrics: {} })
+    })
+  )
 })
