@@ -5,6 +5,8 @@
 #                        the independent float64 PyTorch reference the model tests compare against, and the
 #                        benchmarks' peer (without OpenBLAS, Debian's torch uses the reference BLAS, ~50x slower)
 #   chromium             the headless browser the report test renders report.html in (driven by playwright-core)
+#   postgresql           the server binaries scripts/local-postgres.sh runs (initdb + pg_ctl in a temp dir, no service):
+#                        the cluster's storage in the end-to-end test and the cluster bench
 #   prometheus           the Prometheus server the tracking test scrapes a training run's /metrics endpoint with
 #   mesa-vulkan-drivers  (>= 25, from bookworm-backports on Debian 12) lavapipe, a Vulkan driver on the CPU: the
 #                        webgpu backend's tests run on it (Dawn needs a newer Mesa than bookworm's 22.3)

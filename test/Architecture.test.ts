@@ -13,6 +13,7 @@ const order = [
   "cli",
   "layers",
   "pipeline",
+  "cluster",
   "metrics",
   "store",
   "trainer",

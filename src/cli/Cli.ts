@@ -10,6 +10,7 @@ import * as EvalCommand from "./EvalCommand.ts"
 import * as ModelCommand from "./ModelCommand.ts"
 import * as ReplayCommand from "./ReplayCommand.ts"
 import * as ReportCommand from "./ReportCommand.ts"
+import * as RunnerCommand from "./RunnerCommand.ts"
 import * as ServeCommand from "./ServeCommand.ts"
 import * as SftCommand from "./SftCommand.ts"
 import * as ToolsCommand from "./ToolsCommand.ts"
@@ -33,6 +34,7 @@ export const root = Command.make("effect-rl").pipe(
     ModelCommand.command,
     ReplayCommand.command,
     ReportCommand.command,
+    RunnerCommand.command,
     ServeCommand.command,
     SftCommand.command,
     ToolsCommand.command,

@@ -12,7 +12,7 @@ import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
 import * as GroupJudge from "../env/GroupJudge.ts"
 import { ConfigError } from "../domain/Errors.ts"
-import * as RunLayers from "../layers/RunLayers.ts"
+import * as ClusterLayers from "../layers/ClusterLayers.ts"
 import * as Report from "../metrics/Report.ts"
 import * as Pipelines from "../pipeline/Pipelines.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
@@ -81,7 +81,7 @@ export const command = Command.make(
       ...(resumeFrom === undefined ? {} : { resumeFrom })
     }).pipe(
       Effect.provide(
-        RunLayers.training(config, {
+        ClusterLayers.training(config, {
           runDir,
           trainRows: train.length,
           tracking: true,

@@ -1,7 +1,28 @@
 import { Effect, Schema } from "effect"
 import { ConfigError } from "../domain/Errors.ts"
-import { NonNegativeInt, PositiveInt, withDefault } from "./Field.ts"
+import { NonNegativeInt, PositiveInt, SecretRef, withDefault } from "./Field.ts"
 import type { EngineConfig } from "./GeneratorConfig.ts"
+
+/**
+ * Where `pipeline.rollouts: cluster` sends its groups: the Effect Cluster the trainer and its runners
+ * (`runner --config FILE`) join. Every process of one run reads the same section.
+ */
+export const ClusterConfig = Schema.Struct({
+  // memory: the trainer hosts the rollout entity itself (one machine, no runner processes, nothing to set up);
+  // sql: runners in other processes or on other machines, sharded through Postgres (`sql_url`)
+  storage: Schema.Literals(["memory", "sql"]).pipe(withDefault("memory")),
+  sql_url: Schema.optionalKey(SecretRef), // { env: DATABASE_URL }: postgres://user@host:port/db, never inline
+  host: Schema.NonEmptyString.pipe(withDefault("localhost")), // a runner's address as the other processes reach it
+  port: PositiveInt.pipe(withDefault(34431)), // a runner's port (runner --port overrides it)
+  listen_host: Schema.optionalKey(Schema.NonEmptyString), // the interface a runner binds (default: host)
+  shards: PositiveInt.pipe(withDefault(60)), // shards the rollout entities spread over; the same in every process
+  // how soon a dead runner's shards move to the survivors (its shard locks expire and the others take them)
+  failover_seconds: PositiveInt.pipe(withDefault(5)),
+  // a runner's copy of the trainer's file-synced weights (pipeline.weight_sync: file): default RUN_DIR/weights of
+  // logging.run_dir, a shared directory across machines (runner --weights overrides it)
+  weights_dir: Schema.optionalKey(Schema.NonEmptyString)
+})
+export type ClusterConfig = typeof ClusterConfig.Type
 
 /** sync: generate a batch, train, repeat. async: K generation fibers feed the trainer through a bounded queue. */
 export const PipelineConfig = Schema.Struct({
@@ -11,7 +32,10 @@ export const PipelineConfig = Schema.Struct({
   // How each version's weights reach the engine. The rule: an engine kind takes its own sync (local: inprocess, the
   // default; worker: worker; remote: http) or `file`, which only local and remote take (see `weightSyncsFor`).
   weight_sync: Schema.Literals(["inprocess", "worker", "file", "http"]).pipe(withDefault("inprocess")),
-  pause_mode: Schema.Literals(["abort", "keep", "wait"]).pipe(withDefault("keep"))
+  pause_mode: Schema.Literals(["abort", "keep", "wait"]).pipe(withDefault("keep")),
+  // async: where each group is rolled out: by this process's Generator (local) or by a rollout runner of the cluster
+  rollouts: Schema.Literals(["local", "cluster"]).pipe(withDefault("local")),
+  cluster: ClusterConfig.pipe(withDefault({}))
 })
 export type PipelineConfig = typeof PipelineConfig.Type
 

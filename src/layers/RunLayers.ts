@@ -65,7 +65,7 @@ export interface RunOptions {
   readonly tracking?: boolean
 }
 
-const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
+export const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
   maxTurns: c.generator.max_turns,
   maxGenerateLength: c.generator.max_generate_length,
   maxInputLength: c.generator.max_input_length,
@@ -120,7 +120,7 @@ export const environments = (c: RunConfig) => {
  * The inference engine `generator.engine.kind` asks for: a LocalEngine over the policy's own variables, a WorkerEngine
  * (its own copy of the weights and tfjs backend in a worker thread), or a RemoteEngine (our `serve` or vLLM).
  */
-const inference = (c: RunConfig, runDir: string) => {
+export const inference = (c: RunConfig, runDir: string) => {
   const e = c.generator.engine
   return Layer.effect(
     InferenceEngine,

@@ -28,7 +28,7 @@
 import { Cause, Clock, Effect, Fiber, Queue, Stream } from "effect"
 import type { PolicyDivergedError } from "../domain/Errors.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
-import { Generator } from "../generator/Generator.ts"
+import { Generator, type Prompt } from "../generator/Generator.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import { EpisodeLog } from "../store/EpisodeLog.ts"
 import { Trainer } from "../trainer/Trainer.ts"
@@ -53,8 +53,22 @@ export const oldestVersion = (group: TrajectoryGroup): number | undefined => {
   return oldest
 }
 
+/**
+ * How a generation fiber rolls out one group: by default this process's Generator; with `pipeline.rollouts: cluster`
+ * a rollout runner (cluster/RolloutClient), which samples on weights of `minVersion` or newer: the version the
+ * trainer had published when it admitted the group, so the staleness bound holds wherever the group runs.
+ */
+export type RollGroup = (
+  prompt: Prompt,
+  options: { readonly seed: number; readonly minVersion: number }
+) => ReturnType<Generator["Service"]["group"]>
+
 /** The async source; its generation fibers are children of the calling fiber, interrupted by `close`. */
-export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.Inputs, start: TrainingLoop.Start) {
+export const make = Effect.fn("AsyncSource.make")(function* (
+  inputs: Rollouts.Inputs,
+  start: TrainingLoop.Start,
+  roll?: RollGroup
+) {
   const { settings } = inputs
   const generator = yield* Generator
   const engine = yield* InferenceEngine
@@ -99,9 +113,10 @@ export const make = Effect.fn("AsyncSource.make")(function* (inputs: Rollouts.In
       admissionWaitMs += (yield* Clock.currentTimeMillis) - t0
       const cursor = yield* takeCursor
       if (cursor === undefined) return yield* manager.abandon
-      const group = yield* generator.group(order.at(cursor), {
-        seed: PromptOrder.sampleSeed(settings.samplingSeed, cursor, B)
-      })
+      const seed = PromptOrder.sampleSeed(settings.samplingSeed, cursor, B)
+      const group = yield* roll === undefined
+        ? generator.group(order.at(cursor), { seed })
+        : roll(order.at(cursor), { seed, minVersion: stepVersions[stepVersions.length - 1]! })
       if (settings.recordEpisodes) yield* episodeLog.append(group).pipe(Effect.orDie)
       yield* manager.accept
       yield* Queue.offer(queue, group)

@@ -4,6 +4,7 @@
  * run config (TrainingLoop.settingsOf, Rollouts.settingsOf).
  */
 import { Effect } from "effect"
+import { RolloutClient } from "../cluster/RolloutClient.ts"
 import type { RunConfig } from "../config/RunConfig.ts"
 import type { PromptRow } from "../domain/PromptRow.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
@@ -26,7 +27,10 @@ export interface TrainInputs {
   readonly resumeFrom?: string
 }
 
-/** Train with rollouts: SyncSource, or AsyncSource with `pipeline.mode: async`; evaluates on `val`. */
+/**
+ * Train with rollouts: SyncSource, or AsyncSource with `pipeline.mode: async` (its groups rolled out by the cluster's
+ * runners with `pipeline.rollouts: cluster`: the RolloutClient in context); evaluates on `val`.
+ */
 export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs) {
   const { config } = inputs
   const trainer = yield* Trainer
@@ -53,7 +57,15 @@ export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs
     },
     (start) => {
       const rollouts = { settings: Rollouts.settingsOf(config), train: inputs.train }
-      return config.pipeline.mode === "async" ? AsyncSource.make(rollouts, start) : SyncSource.make(rollouts, start)
+      if (config.pipeline.mode !== "async") return SyncSource.make(rollouts, start)
+      if (config.pipeline.rollouts === "local") return AsyncSource.make(rollouts, start)
+      return Effect.serviceOption(RolloutClient).pipe(
+        Effect.flatMap((client) =>
+          client._tag === "Some"
+            ? AsyncSource.make(rollouts, start, client.value.rollOut)
+            : Effect.die(new Error("Pipelines.train: pipeline.rollouts cluster without a RolloutClient in context"))
+        )
+      )
     }
   )
 })
