@@ -16,6 +16,8 @@ export const OtlpConfig = Schema.Struct({
   // sent with every export; a value is a string or { env: NAME } (a secret read from the environment, never inline)
   headers: Schema.Record(Schema.String, Schema.Union([Schema.String, SecretRef])).pipe(withDefault({})),
   service_name: Schema.NonEmptyString.pipe(withDefault("effect-rl")), // the resource's service.name
+  // more resource attributes, e.g. { wandb.entity: my-team, wandb.project: my-project } for W&B Weave
+  resource_attributes: Schema.Record(Schema.String, Schema.String).pipe(withDefault({})),
   metrics: Schema.Boolean.pipe(withDefault(true)), // also export the training metrics (gauges) to <endpoint>/v1/metrics
   export_interval_seconds: Positive.pipe(withDefault(5)) // batches are sent this often, and the rest when the run ends
 })

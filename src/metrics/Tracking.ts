@@ -73,7 +73,7 @@ export const otlp = (config: OtlpConfig): Layer.Layer<never, ConfigError, HttpCl
       const headers = yield* headersOf(config.headers)
       const base = config.endpoint.replace(/\/+$/, "")
       const common = {
-        resource: { serviceName: config.service_name },
+        resource: { serviceName: config.service_name, attributes: config.resource_attributes },
         headers,
         exportInterval: `${config.export_interval_seconds} seconds` as const
       }

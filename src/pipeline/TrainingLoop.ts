@@ -305,6 +305,8 @@ export const run = <R1, R2>(
           "timing/step": (now - batch.startedAt) / 1000
         }
         yield* metrics.record("train", batch.step, values)
+        // the step's span carries its metrics: a trace backend without OTLP metrics (W&B Weave) still gets them
+        yield* Effect.annotateCurrentSpan(values)
         yield* metrics.progress({ step: batch.step, totalSteps: steps, values })
       })
 

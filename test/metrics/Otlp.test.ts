@@ -82,7 +82,7 @@ const spansOf = (received: ReadonlyArray<Received>): Array<OtlpSpan> =>
 
 const attribute = (span: OtlpSpan, key: string) => {
   const v = span.attributes.find((a) => a.key === key)?.value
-  return v?.stringValue ?? (v?.intValue === undefined ? v?.boolValue : Number(v.intValue))
+  return v?.stringValue ?? v?.doubleValue ?? (v?.intValue === undefined ? v?.boolValue : Number(v.intValue))
 }
 
 // the quickstart policy (it calls the toolbox's tools), two small synchronous steps, no evaluation before
@@ -142,7 +142,12 @@ describe("logging.backends otlp", () => {
 
       const steps = named("train.step")
       assert.deepStrictEqual(steps.map((s) => attribute(s, "train.step")).sort(), [1, 2])
-      for (const s of steps) assert.strictEqual(parentOf(s), root)
+      for (const s of steps) {
+        assert.strictEqual(parentOf(s), root)
+        // the step's metrics ride on its span
+        assert.isNumber(attribute(s, "trainer/policy_version"))
+        assert.isNumber(attribute(s, "timing/step"))
+      }
       // 2 steps × 2 prompts, each group under the step that generated and trained it; the one held-out prompt's
       // group under the evaluation after training
       const groups = named("rollout.group").filter((g) => parentOf(g)?.name === "train.step")
