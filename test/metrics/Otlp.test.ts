@@ -204,4 +204,53 @@ describe("logging.backends otlp", () => {
       otlp.close()
     }
   }, 120_000)
+
+  it("async pipeline: a group is generated before its step, so it is a child of the run and its step links to it", async () => {
+    const otlp = await receiver()
+    try {
+      const runDir = mkdtempSync(join(tmpdir(), "effect-rl-otlp-async-"))
+      const run = await train([
+        "--config",
+        "configs/tiny-async.yaml",
+        "--run-dir",
+        runDir,
+        "trainer.max_steps=2",
+        "data.max_eval_prompts=1",
+        "logging.report=false",
+        "logging.progress=false",
+        "logging.backends=[jsonl, otlp]",
+        `logging.otlp.endpoint=http://127.0.0.1:${otlp.port}`,
+        "logging.otlp.protocol=http/json",
+        "logging.otlp.metrics=false"
+      ])
+      assert.strictEqual(run.code, 0, run.stderr.slice(-3000))
+      assert.include(run.stderr, `otlp: exporting spans to http://127.0.0.1:${otlp.port}`)
+      assert.isFalse(
+        otlp.received.some((r) => r.path === "/v1/metrics"),
+        "metrics: false sends no metrics"
+      )
+      const spans = spansOf(otlp.received)
+      const byId = new Map(spans.map((s) => [s.spanId, s]))
+      const [root] = spans.filter((s) => s.name === "train.run")
+      const steps = spans.filter((s) => s.name === "train.step")
+      assert.strictEqual(steps.length, 2)
+      // the groups trained: those the steps link to, each exported as a child of the run, in episodes.jsonl by id
+      const linked = steps.flatMap((s) => (s.links ?? []).map((l) => byId.get(l.spanId)))
+      assert.strictEqual(linked.length, 4, "2 steps × 2 groups")
+      for (const g of linked) {
+        assert.strictEqual(g?.name, "rollout.group")
+        assert.strictEqual(g!.parentSpanId, root!.spanId)
+      }
+      for (const s of steps) assert.strictEqual(s.parentSpanId, root!.spanId)
+      const logged = new Set(
+        readFileSync(join(runDir, "episodes.jsonl"), "utf8")
+          .split("\n")
+          .filter((l) => l !== "")
+          .map((l) => (JSON.parse(l) as { trace?: { spanId: string } }).trace?.spanId)
+      )
+      for (const g of linked) assert.isTrue(logged.has(g!.spanId), `group ${g!.spanId} in episodes.jsonl`)
+    } finally {
+      otlp.close()
+    }
+  }, 120_000)
 })
