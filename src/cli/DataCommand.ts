@@ -324,7 +324,7 @@ const runLlmTasks = Effect.fnUntraced(function* (
     )
   }
   const result = yield* LlmTasks.generate(client, tools, settings, (p) =>
-    Console.log(
+    Console.error(
       `call ${p.call + 1}: ${settings.style === "mcp" ? `difficulty ${p.complexity}` : `${p.domain} / ${p.complexity}`}: ` +
         `kept ${p.kept}, rejected ${p.rejected.length}${p.rejected.length > 0 ? ` (${p.rejected[0]!.reason}${p.rejected.length > 1 ? ", ..." : ""})` : ""}; ` +
         `${p.total}/${settings.count} tasks`

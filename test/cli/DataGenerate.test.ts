@@ -90,7 +90,7 @@ describe("data generate llm", () => {
     const first = await cli([...base, "--url", server.url, "--model", "writer", "--out", out])
     assert.strictEqual(first.code, 0, first.stderr)
     assert.match(
-      first.stdout,
+      first.stderr,
       /call 1: \S.* \/ \S.*: kept 3, rejected 3 \(tool_sequence\[0\]\.tool: "no_such_tool" is not a tool/
     )
     assert.deepStrictEqual(first.last, {
