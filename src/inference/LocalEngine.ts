@@ -20,6 +20,9 @@
  * - Versions never go backwards (a defect).
  * `pause` holds the scheduler before its next decode step; `resume` releases it; updates apply while paused.
  *
+ * Streaming and constraints: a request's `onToken` is called with each token as the scheduler samples it (the server
+ * streams it from there), and its `constraint` (model/Sampling.ts) masks the logits of its row before each draw.
+ *
  * Prefix caching: a finished request's keys/values are kept (model/PrefixCache.ts, `prefixCacheBytes`), so the next
  * turn of a multi-turn episode (previous prompt + response + tool output) prefills only its new tokens. Cached
  * prefixes are dropped when the weights change, and only rows generated entirely on the current weights are kept.

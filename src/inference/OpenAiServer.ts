@@ -31,18 +31,33 @@
  *   `softmax(z / τ)` (τ = 1 for greedy), most likely first (model/LogProbs.ts `topK`), recomputed after sampling by
  *   one teacher-forced pass on the weights then served. With top-k/top-p the sampler renormalises over the tokens it
  *   keeps, so the sampled token's `logprob` can then exceed its value among the alternatives.
- * - `stream: true` on both: Server-Sent Events (`data: <chunk>` … `data: [DONE]`), chunks as OpenAI's and vLLM's:
- *   completions send one chunk per token (`text`, `logprobs` of that token, vLLM's `token_ids: [id]` and, on a
- *   choice's first chunk, `prompt_token_ids`); chat sends `delta.role` first, then one `delta.content` chunk per
- *   token (with `logprobs.content` and `token_ids`), or, for a reply with tool calls, one chunk with the content
- *   before the calls and every token's ids and log-probs, then per call OpenAI's `delta.tool_calls` pair (`{index,
- *   id, type, function: {name, arguments: ""}}`, then `{index, function: {arguments}}`); the last chunk of a choice
- *   has `finish_reason`. `stream_options: {include_usage: true}` adds `usage: null` to each chunk and a last chunk
- *   with `choices: []` and the usage (`stream_options` without `stream` is vLLM's 400). Chunk fields pinned from
- *   vLLM's `CompletionResponseStreamChoice` (completion/protocol.py) and `ChatCompletionResponseStreamChoice` /
- *   `ChatCompletionStreamResponse` (chat_completion/protocol.py, vllm/entrypoints/openai/). The engine returns whole
- *   completions, so the chunks are sent once the generation ends: streaming gives the wire shape, not an earlier
- *   first token.
+ * - `stream: true` on both: Server-Sent Events (`data: <chunk>` … `data: [DONE]`), chunks as OpenAI's and vLLM's, sent
+ *   as the tokens are sampled (LocalEngine's `onToken`; an engine that returns whole completions has its tokens sent
+ *   when it returns): completions send one chunk per token (`text`, `logprobs` of that token, vLLM's `token_ids:
+ *   [id]`, on a choice's first chunk `prompt_token_ids`, on its last `finish_reason`); chat sends `delta.role` for
+ *   every choice first, then one chunk per token (`delta.content`, `logprobs.content`, `token_ids`), then per choice
+ *   the content not sent yet, OpenAI's `delta.tool_calls` pair per call (`{index, id, type, function: {name,
+ *   arguments: ""}}`, then `{index, function: {arguments}}`) and a chunk with `finish_reason`. With tools offered the
+ *   tool parser reads the whole reply, so the calls are sent once the generation ended, and the text from where a
+ *   call's marker (`<tool_call>`, `<tool>`, a line starting `Action:`) starts or may start is held back until then
+ *   (as is its leading whitespace). Two cases are sent only once the generation ended, replayed in the same chunks:
+ *   `tool_choice` `required` or a named function (a reply without the call is still a 400) and alternatives
+ *   (`top_logprobs` / `logprobs` k > 0, computed after sampling). A failure after the first chunk is a last event in
+ *   the error body below, then `[DONE]`. `stream_options: {include_usage: true}` adds `usage: null` to each chunk
+ *   and a last chunk with `choices: []` and the usage (`stream_options` without `stream` is vLLM's 400). Chunk fields
+ *   pinned from vLLM's `CompletionResponseStreamChoice` (completion/protocol.py) and
+ *   `ChatCompletionResponseStreamChoice` / `ChatCompletionStreamResponse` (chat_completion/protocol.py,
+ *   vllm/entrypoints/openai/).
+ * - Structured outputs on both (inference/StructuredOutput.ts has the fields and inference/JsonGrammar.ts what is
+ *   generated): OpenAI's `response_format` (`json_schema`, `json_object`, `text`) and vLLM's `structured_outputs`
+ *   (`json`, `json_object`, `choice`; v0.12+) and `guided_json` / `guided_choice` (before v0.12) constrain decoding:
+ *   before each token a mask leaves only the tokens whose bytes keep the schema's automaton live, so the output
+ *   always parses and validates. It ends (`finish_reason: "stop"`, no end-of-turn token) as soon as the value is
+ *   complete and nothing can follow; a value that could go on (a bare number) also ends at an end-of-turn token,
+ *   which the mask allows only there; `max_tokens` running out first is `"length"`, as OpenAI answers. The sampled
+ *   tokens' `logprobs` are those of the masked distribution (softmax over the allowed tokens, renormalised);
+ *   `top_logprobs` alternatives are recomputed unmasked. A schema keyword the automaton cannot enforce is a 400
+ *   naming the keyword and where it is (`param` the field).
  * - `GET /v1/models` (the base, then each LoRA adapter), `GET /v1/models/{id}` (one card; an unknown id is the 404
  *   below), `GET /health` (`{status, policy_version}`). Any other path is a 404 (`Invalid URL (GET /x)`) and a known
  *   path with another method a 405 (`Invalid method for URL (…)`, with `Allow`), both in the error body below, as
@@ -841,7 +856,9 @@ const constrained = (body: Json, tokenizer: TokenizerImpl, requests: ReadonlyArr
     })
     if (grammar === undefined) return requests
     const trie = StructuredOutput.trieOf(tokenizer)
-    const memo = new Map<string, ReadonlyArray<number>>()
+    // masks depend on the grammar and the stop tokens: the same request format reuses them across requests
+    const format = ["response_format", "structured_outputs", "guided_json", "guided_choice"].map((k) => body[k])
+    const memo = StructuredOutput.memoFor(trie, JSON.stringify([format, requests[0]?.sampling.stopTokenIds]))
     return requests.map(
       (r): GenerateRequest => ({
         ...r,

@@ -262,6 +262,35 @@ const keyOf = (state: JsonGrammar.State): string => {
   return parts.join("|")
 }
 
+/** Masks memoised per automaton state (the allowed ids), within a budget of ids held. */
+export interface MaskMemo {
+  readonly masks: Map<string, Int32Array>
+  ids: number
+}
+
+/** Ids one grammar's memo holds at most (16 MiB). */
+const memoBudget = 4 * 2 ** 20
+
+const memos = new WeakMap<TokenTrie, Map<string, MaskMemo>>()
+
+/**
+ * The memo of masks for one grammar (named by `key`, e.g. the request's format as JSON) and stop tokens over `trie`,
+ * kept across requests: a judge asking with the same schema again walks the trie only for states not seen before.
+ * The 16 most recently used grammars are kept per tokenizer.
+ */
+export const memoFor = (trie: TokenTrie, key: string): MaskMemo => {
+  let byGrammar = memos.get(trie)
+  if (byGrammar === undefined) {
+    byGrammar = new Map()
+    memos.set(trie, byGrammar)
+  }
+  const memo = byGrammar.get(key) ?? { masks: new Map(), ids: 0 }
+  byGrammar.delete(key)
+  byGrammar.set(key, memo) // most recently used last
+  if (byGrammar.size > 16) byGrammar.delete(byGrammar.keys().next().value!)
+  return memo
+}
+
 /**
  * A fresh per-request constraint: the grammar's automaton over the tokenizer's tokens. `stopTokenIds` are allowed
  * once the output may end (an output that can go on, e.g. a bare number, ends at a stop token or when nothing can
@@ -271,31 +300,27 @@ export const constraint = (
   grammar: JsonGrammar.Grammar,
   trie: TokenTrie,
   stopTokenIds: ReadonlyArray<number>,
-  memo: Map<string, ReadonlyArray<number>> = new Map()
+  memo: MaskMemo = { masks: new Map(), ids: 0 }
 ): Sampling.Constraint => {
   let state = JsonGrammar.start(grammar)
   return {
     mask: (logits) => {
       const key = keyOf(state)
-      let allowed = memo.get(key)
+      let allowed = memo.masks.get(key)
       if (allowed === undefined) {
-        allowed = allowedTokens(trie, state)
-        if (JsonGrammar.accepting(state)) allowed = [...allowed, ...stopTokenIds]
-        if (memo.size < 4096) memo.set(key, allowed)
+        const ids = allowedTokens(trie, state)
+        if (JsonGrammar.accepting(state)) ids.push(...stopTokenIds)
+        allowed = Int32Array.from(ids.filter((id) => id < logits.length))
+        if (memo.ids + allowed.length <= memoBudget) {
+          memo.masks.set(key, allowed)
+          memo.ids += allowed.length
+        }
       }
       const keep = new Float32Array(allowed.length)
-      allowed.forEach((id, i) => {
-        keep[i] = id < logits.length ? logits[id]! : Number.NEGATIVE_INFINITY
-      })
+      for (let i = 0; i < allowed.length; i++) keep[i] = logits[allowed[i]!]!
       logits.fill(Number.NEGATIVE_INFINITY)
-      let any = false
-      allowed.forEach((id, i) => {
-        if (id < logits.length) {
-          logits[id] = keep[i]!
-          any = true
-        }
-      })
-      return any
+      for (let i = 0; i < allowed.length; i++) logits[allowed[i]!] = keep[i]!
+      return allowed.length > 0
     },
     accept: (token) => {
       const bytes = trie.bytes[token]

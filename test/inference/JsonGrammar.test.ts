@@ -7,6 +7,7 @@ import { assert, describe, it } from "vitest"
 import * as JsonGrammar from "../../src/inference/JsonGrammar.ts"
 import * as StructuredOutput from "../../src/inference/StructuredOutput.ts"
 import * as Prng from "../../src/model/Prng.ts"
+import * as Sampling from "../../src/model/Sampling.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 
 const bytes = (text: string) => new TextEncoder().encode(text)
@@ -184,6 +185,39 @@ describe("StructuredOutput", () => {
       const value = JSON.parse(new TextDecoder().decode(Uint8Array.from(out))) as { scores: Array<number> }
       assert.strictEqual(value.scores.length, 3)
       for (const s of value.scores) assert.isTrue(s >= 0 && s <= 1)
+    }
+  })
+
+  it("in the sampler: tokens and log-probs come from the masked distribution; a complete value stops the row", () => {
+    const g = JsonGrammar.choices(["ab", "b"])
+    for (const temperature of [0, 1]) {
+      const row = Sampling.startRow(
+        {
+          promptIds: [1],
+          sampling: { ...Sampling.defaultParams, temperature, seed: 3 },
+          constraint: StructuredOutput.constraint(g, trie, tokenizer.eosIds)
+        },
+        64
+      )
+      // "z" is by far the likeliest, "a" and "b" equally likely: only they are allowed first
+      const logits = new Float32Array(tokenizer.vocabSize).fill(-5)
+      logits[0x7a] = 10
+      logits[0x61] = 1
+      logits[0x62] = 1
+      const first = Sampling.advance(row, logits.slice(), 0, 64)
+      assert.include([0x61, 0x62], row.tokens[0])
+      // greedy reports the raw log-prob, which under the mask is the masked one too: log(1/2)
+      assert.closeTo(row.logprobs[0]!, Math.log(0.5), 1e-6)
+      if (row.tokens[0] === 0x62) {
+        assert.isUndefined(first) // "b" is a whole value and nothing can follow: stop
+        assert.strictEqual(row.finishReason, "stop")
+      } else {
+        assert.strictEqual(first, 0x61)
+        assert.isUndefined(Sampling.advance(row, logits.slice(), 0, 64)) // only "b" may follow, and ends it
+        assert.deepStrictEqual(row.tokens, [0x61, 0x62])
+        assert.strictEqual(row.logprobs[1], 0)
+        assert.strictEqual(row.finishReason, "stop")
+      }
     }
   })
 })
