@@ -281,7 +281,8 @@ export const tracking = (logging: LoggingConfig): Layer.Layer<never, ConfigError
     ? Tracking.prometheus(logging.prometheus).pipe(
         Layer.provide(NodeHttpServer.layer(createServer, { port, host })),
         Layer.catchCause((cause) => {
-          const detail = String(Cause.squash(cause))
+          const error = Cause.squash(cause)
+          const detail = String((error as { cause?: unknown }).cause ?? error) // ServeError's cause: the listen error
           return Layer.effectDiscard(
             Effect.fail(
               new ConfigError({
