@@ -160,16 +160,21 @@ export const toolsFromJson = (value: unknown, source: string): ReadonlyArray<Too
 // ---------------------------------------------------------------------------------------------------------------
 // Asking.
 
-/** The JSON schema of an answer (`response_format`). */
-export const answerSchema = (tools: ReadonlyArray<Tool>, maxTools: number): Record<string, unknown> => ({
+const maxPromptChars = 2000
+const maxAnswerChars = 500
+
+/** The JSON schema of an answer (`response_format`): at most `batch` tasks, prompts and answers of bounded length. */
+export const answerSchema = (tools: ReadonlyArray<Tool>, maxTools: number, batch: number): Record<string, unknown> => ({
   type: "object",
   properties: {
     tasks: {
       type: "array",
+      minItems: 1,
+      maxItems: batch,
       items: {
         type: "object",
         properties: {
-          prompt: { type: "string" },
+          prompt: { type: "string", minLength: 1, maxLength: maxPromptChars },
           tool_sequence: {
             type: "array",
             minItems: 1,
@@ -180,7 +185,7 @@ export const answerSchema = (tools: ReadonlyArray<Tool>, maxTools: number): Reco
               required: ["tool", "arguments"]
             }
           },
-          answer: { type: "string" }
+          answer: { type: "string", maxLength: maxAnswerChars }
         },
         required: ["prompt", "tool_sequence"]
       }
@@ -195,17 +200,13 @@ const toolLines = (tools: ReadonlyArray<Tool>): string =>
 export const systemPrompt = (tools: ReadonlyArray<Tool>, settings: Settings): string =>
   [
     settings.style === "mcp"
-      ? "You write realistic tasks that a user of an MCP server could ask an AI agent to do with the server's tools."
-      : "You write realistic, diverse tasks for training an AI agent that solves them by calling tools.",
-    "The agent can call these tools (one JSON object per line: name, description, input JSON schema):",
+      ? "You write tasks a user of an MCP server could ask an AI agent to do with its tools:"
+      : "You write diverse tasks for an AI agent that solves them by calling these tools:",
     toolLines(tools),
-    "",
-    "Each task is one user request, self-contained: it states every value the calls need, or it needs the result of",
-    "an earlier call. For each task give the calls a correct solution makes, in order, with arguments that conform to",
-    "the tool's input schema exactly (required keys present, right types, no other keys), and the final answer when it",
-    "is certain from the request alone. Use only the tools listed. Do not repeat a task.",
+    "A task is one self-contained user request. Give the calls a correct solution makes, in order, with arguments",
+    "that conform to the tool's input schema, and the final answer if it is certain. Use only these tools; no repeats.",
     'Answer with JSON only: {"tasks": [{"prompt": "...", "tool_sequence": [{"tool": "<name>", "arguments": {...}}],',
-    '"answer": "..."}]} ("answer" optional).'
+    '"answer": "..."}]} (answer optional).'
   ].join("\n")
 
 export const userPrompt = (settings: Settings, domain: string, complexity: string): string =>
@@ -240,7 +241,7 @@ export const request = (
     ? {
         responseFormat: {
           type: "json_schema",
-          json_schema: { name: "tasks", schema: answerSchema(tools, settings.maxTools), strict: false }
+          json_schema: { name: "tasks", schema: answerSchema(tools, settings.maxTools, settings.batch), strict: false }
         }
       }
     : {}),
