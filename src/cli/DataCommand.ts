@@ -251,6 +251,16 @@ const llmFlags = {
     ),
     Flag.withDefault(LlmTasks.defaults.sequenceWeight)
   ),
+  reward: Flag.Literals("reward", ["rule", "judge"]).pipe(
+    Flag.withDescription(
+      "rule: the rule reward on the expected calls and answer; judge: the LLM group judge (environment.judge), with them as its reference (default rule)"
+    ),
+    Flag.withDefault("rule" as const)
+  ),
+  rubric: Flag.String("rubric").pipe(
+    Flag.withDescription("With --reward judge: the rows' rubric (default: environment.judge.rubric of the run)"),
+    Flag.optional
+  ),
   out: Flag.String("out").pipe(
     Flag.withDescription("Output .jsonl (or .json); the prompts and raw answers go to <out>.raw.jsonl")
   ),
@@ -367,6 +377,8 @@ const settingsOf = (
     if (!(flags.sequenceWeight >= 0 && flags.sequenceWeight <= 1)) {
       return yield* userError("--sequence-weight must be in [0, 1]")
     }
+    if (Option.isSome(flags.rubric) && flags.reward !== "judge")
+      return yield* userError("--rubric needs --reward judge")
     if (flags.count < 1 || flags.batch < 1 || flags.maxTools < 1 || flags.maxTurns < 1 || flags.concurrency < 1) {
       return yield* userError("--count, --batch, --max-tools, --max-turns and --concurrency must be ≥ 1")
     }
@@ -387,7 +399,9 @@ const settingsOf = (
       sequenceWeight: flags.sequenceWeight,
       temperature: flags.temperature,
       maxTokens: flags.maxTokens,
-      responseFormat: !flags.noResponseFormat
+      responseFormat: !flags.noResponseFormat,
+      reward: flags.reward,
+      ...(Option.isSome(flags.rubric) ? { rubric: flags.rubric.value } : {})
     }
     return settings
   })

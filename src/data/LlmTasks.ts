@@ -17,7 +17,9 @@
  *
  * `style: "mcp"` is the same loop for one MCP server's tools (ART's scenario generation): no domains (the tools are
  * the domain), complexities as difficulties, every expected call carrying the server's name so the rows run on
- * `McpToolEnv` with that server mounted under the same name.
+ * `McpToolEnv` with that server mounted under the same name. With `reward: "judge"` the rows are scored by the LLM
+ * group judge instead (ART's RULER idea: most generated tasks have no trustworthy exact answer), the expected calls
+ * and answer going to the judge as its reference.
  *
  * A task is kept only if: its prompt is non-empty text; it makes 1..maxTools calls; every call names a tool that
  * exists and its arguments conform to that tool's input schema (`JsonSchemaCheck`); the answer, if any, is a string
@@ -68,6 +70,12 @@ export interface Settings {
   readonly maxTokens: number
   /** Send `response_format` (a JSON schema of the answer). */
   readonly responseFormat: boolean
+  /**
+   * How the rows are scored: `rule` (the rule reward on the expected calls and answer) or `judge` (the LLM group
+   * judge, with the expected calls and answer as its reference, and `rubric` when given). Absent: rule.
+   */
+  readonly reward?: "rule" | "judge"
+  readonly rubric?: string
 }
 
 export const defaults = {
@@ -355,7 +363,14 @@ const toRow = (
     data_source: settings.dataSource,
     env_class: "mcp_tool",
     prompt: [{ role: "user", content: task.prompt }],
-    reward_spec: { method: "rule", ground_truth: groundTruth },
+    reward_spec:
+      settings.reward === "judge"
+        ? {
+            method: "judge",
+            ground_truth: groundTruth,
+            ...(settings.rubric === undefined ? {} : { rubric: settings.rubric })
+          }
+        : { method: "rule", ground_truth: groundTruth },
     extra_info: {
       ...(settings.style === "mcp"
         ? { difficulty: slot.complexity }

@@ -1,7 +1,8 @@
 import { assert, describe, it } from "@effect/vitest"
-import { Effect } from "effect"
+import { Effect, Schema } from "effect"
 import * as JsonSchemaCheck from "../../src/data/JsonSchemaCheck.ts"
 import * as LlmTasks from "../../src/data/LlmTasks.ts"
+import { PromptRow } from "../../src/domain/PromptRow.ts"
 import * as ChatClient from "../../src/env/ChatClient.ts"
 import * as Rewards from "../../src/env/Rewards.ts"
 import * as ChatServer from "../fixtures/ChatServer.ts"
@@ -163,6 +164,23 @@ describe("LlmTasks", () => {
         }
         assert.deepStrictEqual(result.rows[0]!.extra_info?.["max_turns"], 5)
         assert.include(["travel", "finance"], result.rows[0]!.extra_info?.["domain"])
+      })
+    )
+  )
+
+  it.effect("--reward judge: rows for the LLM group judge, the expected calls as its reference, the rubric kept", () =>
+    withServer((server) =>
+      Effect.gen(function* () {
+        const client = ChatClient.make({ url: server.url, model: "writer" })
+        const rubric = "Did the agent book the cheapest flight it found?"
+        const result = yield* LlmTasks.generate(client, tools, { ...settings, count: 2, reward: "judge", rubric })
+        assert.strictEqual(result.rows.length, 2)
+        for (const row of result.rows) {
+          const decoded = Schema.decodeUnknownSync(PromptRow)(row)
+          assert.strictEqual(decoded.reward_spec?.method, "judge")
+          assert.strictEqual(decoded.reward_spec?.rubric, rubric)
+          assert.isArray((decoded.reward_spec!.ground_truth as { tool_sequence: unknown }).tool_sequence)
+        }
       })
     )
   )
