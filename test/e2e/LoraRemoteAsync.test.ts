@@ -4,7 +4,6 @@
  * of the version the turn names — checked by recomputing the turn's log-probs under the base with that version's
  * adapter (the run's checkpoint of that step) — with staleness at most `max_staleness_steps`.
  */
-import { type ChildProcess, spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import { tmpdir } from "node:os"
 import * as path from "node:path"
@@ -16,6 +15,7 @@ import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Lora from "../../src/model/Lora.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as TensorFile from "../../src/native/TensorFile.ts"
+import * as Cli from "../fixtures/Cli.ts"
 
 const base = "data/quickstart/policy"
 const temperature = 0.7 // configs/quickstart-lora.yaml's sampling temperature
@@ -23,35 +23,11 @@ const staleness = 1
 
 /** `serve` as users run it (a child process, wasm backend), on a free port; killed with the scope. */
 const serve = Effect.acquireRelease(
-  Effect.callback<{ readonly url: string; readonly child: ChildProcess }, Error>((resume) => {
-    const child = spawn(
-      process.execPath,
-      ["src/main.ts", "serve", "--model", base, "--port", "0", "--enable-lora", "--backend", "wasm"],
-      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
-    )
-    let stdout = ""
-    child.stdout!.on("data", (chunk: Buffer) => {
-      stdout += chunk.toString()
-      const line = stdout.split("\n").find((l) => l.includes('"listening"'))
-      if (line !== undefined) resume(Effect.succeed({ url: JSON.parse(line).url as string, child }))
-    })
-    child.on("exit", (code) => resume(Effect.fail(new Error(`serve exited (${code}) before listening`))))
-  }),
+  Effect.promise(() => Cli.serve(["--model", base, "--port", "0", "--enable-lora", "--backend", "wasm"])),
   ({ child }) => Effect.sync(() => child.kill("SIGKILL"))
 )
 
-const train = (args: ReadonlyArray<string>) =>
-  new Promise<{ code: number; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["src/main.ts", "train", ...args], {
-      stdio: ["ignore", "ignore", "pipe"],
-      env: { ...process.env, NO_COLOR: "1" }
-    })
-    let stderr = ""
-    child.stderr.on("data", (chunk: Buffer) => {
-      stderr += chunk.toString()
-    })
-    child.on("close", (code) => resolve({ code: code ?? -1, stderr }))
-  })
+const train = (args: ReadonlyArray<string>) => Cli.runAsync(["train", ...args])
 
 const readJsonl = async (file: string): Promise<Array<Record<string, unknown>>> =>
   (await fs.readFile(file, "utf8"))

@@ -13,6 +13,7 @@ import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { TrajectoryGroup } from "../../src/domain/Trajectory.ts"
+import * as Cli from "../fixtures/Cli.ts"
 
 const base = "data/quickstart/policy"
 const steps = 12
@@ -29,19 +30,9 @@ const freePort = () =>
 
 /** `serve` on `port`, resolved once it prints its listening line. */
 const startServe = (port: number) =>
-  new Promise<ChildProcess>((resolve, reject) => {
-    const child = spawn(
-      process.execPath,
-      ["src/main.ts", "serve", "--model", base, "--port", String(port), "--enable-weight-reload", "--max-batch", "8"],
-      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
-    )
-    let out = ""
-    child.stdout!.on("data", (chunk: Buffer) => {
-      out += chunk.toString()
-      if (out.includes('"event":"listening"')) resolve(child)
-    })
-    child.on("exit", (code) => reject(new Error(`serve on ${port} exited ${code}`)))
-  })
+  Cli.serve(["--model", base, "--port", String(port), "--enable-weight-reload", "--max-batch", "8"]).then(
+    ({ child }) => child
+  )
 
 const readJsonl = async (file: string): Promise<Array<Record<string, unknown>>> =>
   (await fs.readFile(file, "utf8").catch(() => ""))

@@ -5,7 +5,6 @@
  * vLLM — samples with the trainer's new policy: its behaviour log-probs for a fixed prompt equal the step-1
  * checkpoint's, and it reports version 1.
  */
-import { spawn } from "node:child_process"
 import * as fs from "node:fs/promises"
 import { tmpdir } from "node:os"
 import * as path from "node:path"
@@ -20,21 +19,11 @@ import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as TensorFile from "../../src/native/TensorFile.ts"
+import * as Cli from "../fixtures/Cli.ts"
 
 const base = "data/quickstart/policy"
 
-const train = (args: ReadonlyArray<string>) =>
-  new Promise<{ code: number; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["src/main.ts", "train", ...args], {
-      stdio: ["ignore", "ignore", "pipe"],
-      env: { ...process.env, NO_COLOR: "1" }
-    })
-    let stderr = ""
-    child.stderr.on("data", (chunk: Buffer) => {
-      stderr += chunk.toString()
-    })
-    child.on("close", (code) => resolve({ code: code ?? -1, stderr }))
-  })
+const train = (args: ReadonlyArray<string>) => Cli.runAsync(["train", ...args])
 
 /** log p(ids[t] | ids[<t]) for the generated positions, temperature 1, under the checkpoint in `dir`. */
 const logprobsUnder = (dir: string, prompt: ReadonlyArray<number>, tokens: ReadonlyArray<number>) =>
