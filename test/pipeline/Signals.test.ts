@@ -63,6 +63,29 @@ const trainAndSignal = async (
 
 const overrides = ["data.max_prompts=16", "checkpoint.interval=0", "pipeline.num_generation_workers=2"]
 
+/**
+ * `train` with a learning rate that makes the first step's second mini-batch diverge after the first one's update (8
+ * prompts, no checkpoints, no gradient clipping), plus `overrides`.
+ */
+const diverge = (runDir: string, overrides: ReadonlyArray<string>) =>
+  Cli.run(
+    [
+      "train",
+      "--config",
+      config,
+      "--run-dir",
+      runDir,
+      "logging.progress=false",
+      "data.max_prompts=8",
+      "checkpoint.interval=0",
+      "trainer.optimizer.lr=1e30",
+      "trainer.optimizer.max_grad_norm=0",
+      "trainer.policy_mini_batch_size=1",
+      ...overrides
+    ],
+    { timeoutMs: 240_000 }
+  )
+
 describe("signals", () => {
   it("SIGTERM finishes the step, checkpoints it and exits 143; --resume latest trains the rest exactly once", async () => {
     const runDir = join(tmp, "term")
@@ -137,28 +160,13 @@ describe("signals", () => {
 
   it("a trainer fault is one typed line naming the step and what --resume will do, with no stack", () => {
     const runDir = join(tmp, "fault")
-    // a learning rate that makes the first step's second mini-batch diverge after the first one's update
-    const result = Cli.run(
-      [
-        "train",
-        "--config",
-        config,
-        "--run-dir",
-        runDir,
-        "logging.progress=false",
-        "data.max_prompts=8",
-        "pipeline.mode=sync",
-        "checkpoint.interval=0",
-        // stock kernels: with the native ones (the fused LM head) the diverged step's loss stays finite and the
-        // divergence shows in the sampler instead (next test)
-        "backend.name=wasm",
-        "backend.kernels=stock",
-        "trainer.optimizer.lr=1e30",
-        "trainer.optimizer.max_grad_norm=0",
-        "trainer.policy_mini_batch_size=1"
-      ],
-      { timeoutMs: 240_000 }
-    )
+    const result = diverge(runDir, [
+      "pipeline.mode=sync",
+      // stock kernels: with the native ones (the fused LM head) the diverged step's loss stays finite and the
+      // divergence shows in the sampler instead (next test)
+      "backend.name=wasm",
+      "backend.kernels=stock"
+    ])
     assert.notStrictEqual(result.code, 0)
     assert.match(
       result.stderr,
@@ -172,23 +180,7 @@ describe("signals", () => {
     // on the native kernels the fused LM head keeps the loss finite while the sampler's norm-folded weights overflow
     for (const mode of ["sync", "async"]) {
       const runDir = join(tmp, `diverged-${mode}`)
-      const result = Cli.run(
-        [
-          "train",
-          "--config",
-          config,
-          "--run-dir",
-          runDir,
-          "logging.progress=false",
-          "data.max_prompts=8",
-          `pipeline.mode=${mode}`,
-          "checkpoint.interval=0",
-          "trainer.optimizer.lr=1e30",
-          "trainer.optimizer.max_grad_norm=0",
-          "trainer.policy_mini_batch_size=1"
-        ],
-        { timeoutMs: 240_000 }
-      )
+      const result = diverge(runDir, [`pipeline.mode=${mode}`])
       assert.notStrictEqual(result.code, 0)
       // whichever sees it first, the trainer (a non-finite loss) or the sampler, the run ends typed and names the step
       assert.match(
