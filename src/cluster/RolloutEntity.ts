@@ -1,7 +1,8 @@
 /**
  * The rollout entity of the cluster: one message, "roll out the group of prompt P (cursor c) with sampling seed s on
- * weights of version ≥ v", answered with the token-exact TrajectoryGroup. Entities are addressed by the request's key
- * (`<run>/<cursor>/v<version>`), so the cluster spreads a run's groups over its runners' shards.
+ * weights of version ≥ v", answered with the token-exact TrajectoryGroup and the runner that rolled it out. Entities
+ * are addressed by the request's key (`<run>/<cursor>/v<version>`) and a placement salt (`#n`, RolloutClient), so
+ * the cluster spreads a run's groups over its runners' shards.
  *
  * Messages are persisted (MessageStorage): a runner that dies mid-group leaves its message unprocessed in storage, and
  * the runner that takes over the shard rolls the group out again; the caller waits on the reply wherever it comes
@@ -23,7 +24,8 @@ export const RollOut = Rpc.make("RollOut", {
     seed: Schema.Int, // the group's sampling seed (PromptOrder.sampleSeed)
     minVersion: Schema.Int // the runner samples on weights of this version or newer
   },
-  success: TrajectoryGroup,
+  // the group, and the runner that rolled it out (the client learns where its entity ids land from it)
+  success: Schema.Struct({ group: TrajectoryGroup, runner: Schema.String }),
   primaryKey: (p) => p.key
 }).annotate(ClusterSchema.Persisted, true)
 

@@ -9,7 +9,7 @@
  * rolled out again after its runner died says so (`TrajectoryGroup.retried`).
  */
 import * as os from "node:os"
-import { Clock, Context, Duration, Effect, Layer, Semaphore } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { Generator } from "../generator/Generator.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
@@ -58,6 +58,8 @@ export const attemptsSql: Layer.Layer<Attempts, never, SqlClient.SqlClient> = La
 )
 
 export interface HostOptions {
+  /** This runner's name in replies (its address). */
+  readonly name: string
   /** Groups this runner rolls out at once (generator.max_concurrent_groups). */
   readonly capacity: number
   /** Where the engine's weights come from, for the warning while a request waits for its version. */
@@ -82,14 +84,61 @@ const awaitVersion = (engine: InferenceEngine["Service"], minVersion: number, we
     }
   })
 
-/** The Rollout entity's handler over this process's Generator and InferenceEngine. */
-export const layer = (options: HostOptions) =>
+/**
+ * A runner's slots: at most `capacity` groups at once, a free slot going to the waiting request with the lowest cursor
+ * (the trainer trains in cursor order, so a later cursor finishing first only waits in its reorder buffer).
+ */
+export interface Slots {
+  readonly withSlot: <A, E, R>(cursor: number, use: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+}
+
+export const makeSlots = (capacity: number): Slots => {
+  let free = capacity
+  const waiting: Array<{ readonly cursor: number; readonly ready: Deferred.Deferred<void> }> = []
+  const release = () => {
+    const next = waiting.shift()
+    if (next === undefined) free++
+    else Deferred.doneUnsafe(next.ready, Effect.void)
+  }
+  return {
+    withSlot: (cursor, use) =>
+      Effect.uninterruptibleMask((restore) =>
+        Effect.gen(function* () {
+          const entry = { cursor, ready: Deferred.makeUnsafe<void>() }
+          if (free > 0) {
+            free--
+            Deferred.doneUnsafe(entry.ready, Effect.void)
+          } else {
+            const at = waiting.findIndex((w) => w.cursor > cursor)
+            waiting.splice(at < 0 ? waiting.length : at, 0, entry)
+          }
+          yield* restore(Deferred.await(entry.ready)).pipe(
+            Effect.onInterrupt(() =>
+              Effect.sync(() => {
+                const i = waiting.indexOf(entry)
+                if (i >= 0) waiting.splice(i, 1)
+                else release() // the slot was handed over as the wait was interrupted: pass it on
+              })
+            )
+          )
+          return yield* restore(use).pipe(Effect.ensuring(Effect.sync(release)))
+        })
+      )
+  }
+}
+
+/**
+ * The Rollout entity's handler over this process's Generator and InferenceEngine. The slots are the runner's, shared
+ * by all its entities (the entity's own build runs once per entity id, i.e. per request).
+ */
+export const layer = (options: HostOptions) => handler(options, makeSlots(options.capacity))
+
+const handler = (options: HostOptions, slots: Slots) =>
   Rollout.toLayer(
     Effect.gen(function* () {
       const generator = yield* Generator
       const engine = yield* InferenceEngine
       const attempts = yield* Attempts
-      const slots = yield* Semaphore.make(options.capacity)
       return Rollout.of({
         RollOut: ({ payload }) =>
           Effect.gen(function* () {
@@ -101,10 +150,11 @@ export const layer = (options: HostOptions) =>
             )
             yield* awaitVersion(engine, payload.minVersion, options.weightsFrom)
             const row = payload.extras === undefined ? payload.row : { ...payload.row, extras: payload.extras }
-            const group = yield* slots.withPermit(
+            const group = yield* slots.withSlot(
+              payload.cursor,
               generator.group({ row, cursor: payload.cursor }, { seed: payload.seed }).pipe(Effect.orDie)
             )
-            return attempt > 1 ? { ...group, retried: attempt - 1 } : group
+            return { group: attempt > 1 ? { ...group, retried: attempt - 1 } : group, runner: options.name }
           })
       })
     }),

@@ -80,9 +80,11 @@ export const trainer = (
     yield* check(c)
     const cluster = c.pipeline.cluster
     if (cluster.storage === "memory") {
-      const host = RunnerHost.layer({ capacity: c.generator.max_concurrent_groups, weightsFrom: "the trainer" }).pipe(
-        Layer.provide(RunnerHost.attemptsMemory)
-      )
+      const host = RunnerHost.layer({
+        name: "trainer",
+        capacity: c.generator.max_concurrent_groups,
+        weightsFrom: "the trainer"
+      }).pipe(Layer.provide(RunnerHost.attemptsMemory))
       return Layer.mergeAll(RolloutClient.layer, host).pipe(Layer.provide(ClusterNode.memory(cluster)))
     }
     const url = yield* sqlUrl(c)
@@ -130,6 +132,7 @@ export const runner = (c: RunConfig, options: RunnerOptions) =>
         ...(options.listenHost === undefined ? {} : { listenHost: options.listenHost })
       })
       const host = RunnerHost.layer({
+        name: `${options.host}:${options.port}`,
         capacity: c.generator.max_concurrent_groups,
         weightsFrom: c.generator.engine.kind === "remote" ? "the remote engine" : weightsDir
       }).pipe(Layer.provide(RunnerHost.attemptsSql))
