@@ -3,7 +3,7 @@
  * a `train` with `pipeline.rollouts: cluster` (configs/tiny-cluster.yaml). One runner is SIGKILLed the moment it starts
  * a group mid-run; its shards move to the survivors, which roll that group out again. The run finishes with every
  * prompt in consumed.jsonl exactly once, every group in episodes.jsonl whole, the lost group recorded as retried, and
- * the killed runner's MCP servers gone.
+ * the killed runner's MCP servers gone. And a run whose Postgres restarts mid-run waits and finishes.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs"
@@ -178,5 +178,45 @@ describe("rollouts on the cluster (Postgres, 3 runners)", () => {
     await new Promise((r) => setTimeout(r, 1500))
     assert.deepStrictEqual(killed!.mcp.filter(alive), [], "MCP servers of the killed runner still alive")
     fs.rmSync(runDir, { recursive: true, force: true })
+    await Promise.all(runners.map((r) => stopChild(r)))
+  })
+
+  it("waits through a Postgres restart mid-run and finishes every prompt once", async () => {
+    const runDir = fs.mkdtempSync(path.join(tmpdir(), "effect-rl-cluster-pg-"))
+    const consumedFile = path.join(runDir, "consumed.jsonl")
+    const weights = path.join(runDir, "weights")
+    const runners = await Promise.all([freePort(), freePort()].map((p) => startRunner(p, weights, () => {})))
+    const trainer = spawn(
+      process.execPath,
+      ["src/main.ts", "train", "--config", config, "--run-dir", runDir, "data.max_prompts=24"],
+      { stdio: ["ignore", "pipe", "pipe"], env: env() }
+    )
+    children.push(trainer)
+    let stderr = ""
+    trainer.stderr!.on("data", (c: Buffer) => {
+      stderr += c.toString()
+    })
+    trainer.stdout!.resume()
+    const closed = new Promise<number>((resolve) => trainer.on("close", (c) => resolve(c ?? -1)))
+    while (lines(consumedFile).length < 4) await new Promise((r) => setTimeout(r, 100))
+    const at = lines(consumedFile).length
+    execFileSync("bash", ["scripts/local-postgres.sh", "restart", pgDir])
+    const code = await closed
+    assert.strictEqual(code, 0, stderr.slice(-3000))
+    const consumed = lines(consumedFile).map((l) => JSON.parse(l) as { cursor: number })
+    assert.isBelow(at, 24, "Postgres restarted after the run had finished")
+    assert.deepStrictEqual(
+      consumed.map((c) => c.cursor),
+      Array.from({ length: 24 }, (_, i) => i)
+    )
+    fs.rmSync(runDir, { recursive: true, force: true })
+    await Promise.all(runners.map((r) => stopChild(r)))
   })
 })
+
+const stopChild = (child: ChildProcess) =>
+  new Promise<void>((resolve) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolve()
+    child.on("exit", () => resolve())
+    child.kill("SIGTERM")
+  })
