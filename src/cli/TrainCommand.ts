@@ -10,8 +10,8 @@ import { Command, Flag } from "effect/cli"
 import * as ConfigView from "../config/ConfigView.ts"
 import { RunConfig } from "../config/RunConfig.ts"
 import * as Dataset from "../data/Dataset.ts"
-import * as GroupJudge from "../env/GroupJudge.ts"
 import { ConfigError } from "../domain/Errors.ts"
+import * as GroupJudge from "../env/GroupJudge.ts"
 import * as ClusterLayers from "../layers/ClusterLayers.ts"
 import * as Report from "../metrics/Report.ts"
 import * as Pipelines from "../pipeline/Pipelines.ts"
@@ -70,7 +70,7 @@ export const command = Command.make(
     const { resumeFrom } = yield* RunDirectory.open(
       runDir,
       resume,
-      `${ConfigView.toYaml(ConfigView.redact(Schema.encodeSync(RunConfig)(config)))}\n`
+      `${ConfigView.toYaml(ConfigView.forRunDirectory(Schema.encodeSync(RunConfig)(config)))}\n`
     )
     yield* Effect.logInfo(`training on ${train.length} prompts (${val.length} held out) → ${runDir}`)
     const summary = yield* Pipelines.train({

@@ -16,12 +16,21 @@ export const redact = (
   value: unknown,
   env: Readonly<Record<string, string | undefined>> = process.env,
   key = ""
-): unknown => {
-  if (isSecretRef(value)) return `<redacted: $${value.env} ${env[value.env] === undefined ? "unset" : "set"}>`
+): unknown => redactWith(value, key, (ref) => `<redacted: $${ref.env} ${env[ref.env] === undefined ? "unset" : "set"}>`)
+
+/**
+ * The config a run directory keeps (config.yaml), which the report, `eval --model RUN` and `model export --merge` decode
+ * again: inline secret-looking values are hidden, while a secret reference `{ env: NAME }` stays as it is — it names
+ * the variable, not its value — so the file still decodes as a run config.
+ */
+export const forRunDirectory = (value: unknown): unknown => redactWith(value, "", (ref) => ref)
+
+const redactWith = (value: unknown, key: string, ref: (ref: { readonly env: string }) => unknown): unknown => {
+  if (isSecretRef(value)) return ref(value)
   if (typeof value === "string" && secretKey.test(key)) return "<redacted>"
-  if (Array.isArray(value)) return value.map((v) => redact(v, env, key))
+  if (Array.isArray(value)) return value.map((v) => redactWith(v, key, ref))
   if (typeof value === "object" && value !== null) {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redact(v, env, k)]))
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactWith(v, k, ref)]))
   }
   return value
 }

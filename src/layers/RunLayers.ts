@@ -147,7 +147,7 @@ export const inference = (c: RunConfig, runDir: string) => {
             dir: path.resolve(e.gguf_dir ?? `${runDir}/weights-gguf`),
             maxBatch: e.max_batch_size,
             threads: e.llamacpp_threads,
-            decode: (ids) => tok.decode(ids)
+            contextSize: c.generator.max_input_length // prompt + response never exceed it (generator/AgentLoop.ts)
           })
         }
         case "remote": {
@@ -368,7 +368,7 @@ export const sft = (c: RunConfig, options: { readonly outputDir: string }) =>
       yield* RunDirectory.open(
         runDir,
         undefined,
-        `${ConfigView.toYaml(ConfigView.redact(Schema.encodeSync(RunConfig)(c)))}\n`
+        `${ConfigView.toYaml(ConfigView.forRunDirectory(Schema.encodeSync(RunConfig)(c)))}\n`
       )
       const tokenizer = AutoTokenizer.layer(c.tokenizer, c.model.path).pipe(Layer.provide(NodeServices.layer))
       const lora = SftTrainer.loraOptions(c.model.lora)

@@ -1,6 +1,7 @@
 import { NodeServices } from "@effect/platform-node"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, FileSystem, Logger, Schema } from "effect"
+import { Yaml } from "effect/encoding"
 import * as ConfigView from "../../src/config/ConfigView.ts"
 import * as RunConfig from "../../src/config/RunConfig.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
@@ -283,4 +284,20 @@ describe("ConfigView.redact", () => {
     })
     assert.notInclude(ConfigView.toYaml(view), "sk-123")
   })
+})
+
+describe("ConfigView.forRunDirectory", () => {
+  it.effect("keeps secret references (names, not values) so a run's config.yaml decodes again", () =>
+    Effect.gen(function* () {
+      const config = yield* RunConfigLoader.fromObject(base, [
+        "generator.engine.kind=remote",
+        "generator.engine.url=http://127.0.0.1:8000",
+        "generator.engine.api_key={env: MY_KEY}"
+      ])
+      const yaml = ConfigView.toYaml(ConfigView.forRunDirectory(Schema.encodeSync(RunConfig.RunConfig)(config)))
+      assert.notInclude(yaml, "redacted")
+      const again = yield* RunConfigLoader.decode(Yaml.parse(yaml), "config.yaml")
+      assert.deepStrictEqual(again.generator.engine.api_key, { env: "MY_KEY" })
+    })
+  )
 })
