@@ -5,10 +5,11 @@
  * same (timings aside).
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import { mkdtempSync, readFileSync } from "node:fs"
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
+import * as Cli from "../fixtures/Cli.ts"
 
 const readJsonl = (file: string): Array<Record<string, unknown>> =>
   readFileSync(file, "utf8")
@@ -31,18 +32,7 @@ const judgeServer = (args: ReadonlyArray<string>): Promise<{ url: string; child:
     child.on("exit", (code) => reject(new Error(`judge server exited (${code})`)))
   })
 
-const train = (args: ReadonlyArray<string>): Promise<{ code: number; stderr: string }> =>
-  new Promise((resolve) => {
-    const child = spawn(process.execPath, ["src/main.ts", "train", ...args], {
-      stdio: ["ignore", "ignore", "pipe"],
-      env: { ...process.env, NO_COLOR: "1" }
-    })
-    let stderr = ""
-    child.stderr!.on("data", (c: Buffer) => {
-      stderr += c.toString()
-    })
-    child.on("close", (code) => resolve({ code: code ?? -1, stderr }))
-  })
+const train = (args: ReadonlyArray<string>) => Cli.runAsync(["train", ...args])
 
 // what differs between two runs of the same config: wall-clock durations
 const withoutTimes = (value: unknown): unknown =>
@@ -106,5 +96,58 @@ describe("train with reward_spec.method judge (configs/tiny.yaml, fixture judge)
     assert.strictEqual(second.code, 0, second.stderr.slice(-3000))
     assert.deepStrictEqual(withoutTimes(readJsonl(join(replayed, "episodes.jsonl"))), withoutTimes(groups))
     assert.deepStrictEqual(trainMetrics(replayed), metrics)
+  }, 180_000)
+
+  it("a judged training step with our own serve as the judge: structured outputs make every answer a verdict", async () => {
+    // the served judge is the quickstart policy (1024-token context, byte tokenizer): rows with a short reference and
+    // rubric, and short transcripts, keep the judge's prompt inside it
+    const dir = mkdtempSync(join(tmpdir(), "effect-rl-judge-serve-"))
+    const rows = readJsonl("data/toolbox/train.jsonl")
+      .slice(0, 4)
+      .map((row) => {
+        const truth = (row["reward_spec"] as { ground_truth: { answer: unknown } }).ground_truth
+        return {
+          ...row,
+          reward_spec: { method: "judge", ground_truth: { answer: truth.answer }, rubric: "1 if the answer is right." }
+        }
+      })
+    const data = join(dir, "judge-rows.jsonl")
+    writeFileSync(data, `${rows.map((r) => JSON.stringify(r)).join("\n")}\n`)
+    const served = await Cli.serve(["--model", "data/quickstart/policy", "--port", "0", "--backend", "wasm"])
+    const runDir = join(dir, "run")
+    try {
+      const run = await train([
+        "--config",
+        "configs/tiny.yaml",
+        "--run-dir",
+        runDir,
+        `data.train=[${data}]`,
+        "trainer.max_steps=1",
+        "trainer.eval_before_train=false",
+        "trainer.eval_interval=0",
+        "generator.n_samples_per_prompt=2",
+        `environment.judge.url=${served.url}/v1`,
+        "environment.judge.model=policy",
+        "environment.judge.max_trajectory_chars=40",
+        "environment.judge.max_tokens=200",
+        "environment.judge.temperature=1" // sampled, so the scores are the policy's, not one greedy string
+      ])
+      assert.strictEqual(run.code, 0, run.stderr.slice(-3000))
+    } finally {
+      served.child.kill("SIGTERM")
+    }
+    const [step] = trainMetrics(runDir)
+    assert.isAbove(step!["judge/groups"] as number, 0)
+    // parseable, in range and complete on the first answer, every time: no retry, no failed group
+    for (const key of ["judge/malformed", "judge/out_of_range", "judge/missing", "judge/failed_groups"]) {
+      assert.strictEqual(step![key], 0, key)
+    }
+    assert.strictEqual(step!["judge/calls"], step!["judge/groups"])
+    for (const g of readJsonl(join(runDir, "episodes.jsonl"))) {
+      const verdict = g["judge"] as { scores: Array<number> }
+      const rewards = (g["trajectories"] as Array<{ reward: number }>).map((t) => t.reward)
+      assert.deepStrictEqual(rewards, verdict.scores)
+      for (const score of verdict.scores) assert.isTrue(score >= 0 && score <= 1, `score ${score}`)
+    }
   }, 180_000)
 })
