@@ -55,14 +55,11 @@ import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import { arg } from "./args.ts"
 
 const root = path.join(import.meta.dirname, "..")
 const work = path.join(root, "bench", ".work", "async-vs-sync")
 const results = path.join(root, "bench", "results")
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
 
 const latency = arg("latency-ms", "500-1000")
 const steps = Number(arg("steps", "16"))

@@ -24,14 +24,11 @@ import { type ChildProcess, execFileSync, spawn, spawnSync } from "node:child_pr
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import { arg } from "./args.ts"
 
 const root = path.join(import.meta.dirname, "..")
 const work = path.join(root, "bench", ".work", "cluster")
 const results = path.join(root, "bench", "results")
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
 const latency = arg("latency-ms", "500-1000")
 const groups = Number(arg("groups", "48"))
 const B = Number(arg("batch", "2"))

@@ -24,14 +24,9 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Transformer from "../src/model/Transformer.ts"
 import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as TensorFile from "../src/native/TensorFile.ts"
+import { arg } from "./args.ts"
 
-export const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
-
-/** A flag without a value (`--no-torch`). */
-export const has = (name: string): boolean => process.argv.includes(`--${name}`)
+export { arg, has } from "./args.ts"
 
 /** True when `--model DIR` names a checkpoint (the benches' defaults then move to real-model sizes). */
 export const hasModel = (): boolean => arg("model", "") !== ""

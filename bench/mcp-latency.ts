@@ -24,9 +24,9 @@ import { McpServerConfig } from "../src/config/EnvironmentConfig.ts"
 import type { PromptRow } from "../src/domain/PromptRow.ts"
 import type { Env } from "../src/env/Env.ts"
 import * as EnvRegistry from "../src/env/EnvRegistry.ts"
-import * as McpClient from "../src/mcp/McpClient.ts"
 import * as McpToolEnv from "../src/env/McpToolEnv.ts"
 import * as ToolIo from "../src/env/ToolIo.ts"
+import * as McpClient from "../src/mcp/McpClient.ts"
 
 const root = resolve(import.meta.dirname, "..")
 const script = join(root, "src/toolbox/server.ts")

@@ -17,6 +17,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import * as ToolCallParser from "../src/env/ToolCallParser.ts"
+import { arg } from "./args.ts"
 
 const KiB = 1024
 const sizes = [256 * KiB, 512 * KiB, 1024 * KiB]
@@ -39,11 +40,6 @@ const shapes: Record<string, (n: number) => string> = {
   },
   manyToolCalls: (n) => fill('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n', n),
   plainText: (n) => fill("The quick brown fox jumps over the lazy dog, then thinks about it. ", n)
-}
-
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
 }
 
 const median = (xs: ReadonlyArray<number>): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!

@@ -12,11 +12,8 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as JudgeServer from "../test/fixtures/JudgeServer.ts"
+import { arg } from "./args.ts"
 
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
 const faultRate = Number(arg("fault-rate", "0.1"))
 const seed = Number(arg("seed", "1"))
 const note = arg("note", "")

@@ -17,12 +17,9 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import { arg } from "./args.ts"
 import * as Harness from "./harness.ts"
 
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 ? process.argv[i + 1]! : fallback
-}
 const kernels = arg("kernels", "native") as "native" | "stock"
 const iters = Number(arg("iters", "2"))
 await Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels }))

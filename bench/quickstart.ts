@@ -15,11 +15,8 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import { arg } from "./args.ts"
 
-const arg = (name: string, fallback: string): string => {
-  const i = process.argv.indexOf(`--${name}`)
-  return i >= 0 && process.argv[i + 1] !== undefined ? process.argv[i + 1]! : fallback
-}
 const config = arg("config", "configs/quickstart.yaml")
 const note = arg("note", "")
 const outName = arg("out", "quickstart.json")
