@@ -18,7 +18,7 @@
  */
 import { Clock, Config, Effect, Option, Redacted, Schedule, Schema, Semaphore } from "effect"
 import type { LlmCallRecord } from "../domain/LlmCall.ts"
-import { canonicalJson, ReplayMissError } from "./ToolIo.ts"
+import { canonicalJson, ReplayMissError, replayTable } from "./ToolIo.ts"
 
 export interface ChatMessage {
   readonly role: "system" | "user" | "assistant"
@@ -221,28 +221,19 @@ export const make = (options: ChatClientOptions): ChatClient => {
   })
 
   if (mode === "replay") {
-    const table = new Map<string, Array<LlmCallRecord>>()
-    for (const r of options.records ?? []) {
-      const key = keyOf(r.request)
-      const list = table.get(key)
-      if (list === undefined) table.set(key, [r])
-      else list.push(r)
-    }
-    const seen = new Map<string, number>()
+    const table = replayTable(options.records ?? [], (r) => keyOf(r.request))
+    const next = table.session()
     const complete = (request: ChatRequest) =>
       Effect.suspend(() => {
-        const body = requestBody(options, request)
-        const key = keyOf(body)
-        const occurrence = seen.get(key) ?? 0
-        seen.set(key, occurrence + 1)
-        const hit = table.get(key)?.[occurrence]
+        const key = keyOf(requestBody(options, request))
+        const { hit, occurrence } = next(key)
         if (hit === undefined) {
           return Effect.fail(
             new ReplayMissError({
               tool: `llm:${options.model}`,
               arguments: key,
               occurrence,
-              message: `no recorded answer for call #${occurrence + 1} of this request to ${options.model} (${table.size} recorded requests): replay answers only what the recorded run asked`
+              message: `no recorded answer for call #${occurrence + 1} of this request to ${options.model} (${table.keys} recorded requests): replay answers only what the recorded run asked`
             })
           )
         }

@@ -115,14 +115,33 @@ export interface ReplayOptions {
 }
 
 /** Serves recorded results; starts no server. */
-export const makeReplay = (options: ReplayOptions): ToolIo["Service"] => {
-  const table = new Map<string, Array<ToolCallRecord>>()
-  for (const r of options.records) {
-    const key = `${r.tool}\u0000${canonicalJson(r.arguments)}`
+/**
+ * Recorded answers by key, in record order, and how replay looks them up: within one session (a trajectory's tool
+ * calls, a run's LLM calls), the n-th lookup of a key gets that key's n-th record; `hit` is undefined past the last.
+ */
+export const replayTable = <R>(records: ReadonlyArray<R>, keyOf: (record: R) => string) => {
+  const table = new Map<string, Array<R>>()
+  for (const r of records) {
+    const key = keyOf(r)
     const list = table.get(key)
     if (list === undefined) table.set(key, [r])
     else list.push(r)
   }
+  return {
+    keys: table.size,
+    session: () => {
+      const seen = new Map<string, number>()
+      return (key: string): { readonly hit: R | undefined; readonly occurrence: number } => {
+        const occurrence = seen.get(key) ?? 0
+        seen.set(key, occurrence + 1)
+        return { hit: table.get(key)?.[occurrence], occurrence }
+      }
+    }
+  }
+}
+
+export const makeReplay = (options: ReplayOptions): ToolIo["Service"] => {
+  const table = replayTable(options.records, (r) => `${r.tool}\u0000${canonicalJson(r.arguments)}`)
   const tools =
     options.tools ??
     [...new Map(options.records.map((r) => [r.tool, r])).values()].map(
@@ -137,16 +156,13 @@ export const makeReplay = (options: ReplayOptions): ToolIo["Service"] => {
       })
     )
   const session = Effect.sync((): ToolSession => {
-    const seen = new Map<string, number>()
+    const next = table.session()
     return {
       tools,
       call: (c) =>
         Effect.suspend(() => {
           const args = canonicalJson(c.arguments)
-          const key = `${c.name}\u0000${args}`
-          const occurrence = seen.get(key) ?? 0
-          seen.set(key, occurrence + 1)
-          const hit = table.get(key)?.[occurrence]
+          const { hit, occurrence } = next(`${c.name}\u0000${args}`)
           if (hit === undefined) {
             return Effect.fail(
               new ReplayMissError({
