@@ -45,8 +45,7 @@ describe("LlamaCppEngine", () => {
               tokenizer: { tokenizerJson: files["tokenizer.json"], tokenizerConfig: files["tokenizer_config.json"] },
               type: "F32",
               dir: tmp,
-              maxBatch: 2,
-              decode: (ids) => tokenizer.decode(ids)
+              maxBatch: 10
             })
             const localEngine = yield* LocalEngine.make({ model, decode: (ids) => tokenizer.decode(ids), maxBatch: 4 })
             const requests = prompts.map((promptIds) => ({ promptIds, sampling }))
@@ -57,6 +56,25 @@ describe("LlamaCppEngine", () => {
               assert.strictEqual(r.finishReason, ours[i]!.finishReason)
               r.logprobs.forEach((lp, t) => assert.approximately(lp, ours[i]!.logprobs[t]!, 1e-3))
               assert.strictEqual(r.policyVersionFirst, 0)
+            })
+            // next turns: each prompt extends an earlier prompt and its completion, so a sequence's cached prefix is
+            // kept and only the new tokens are evaluated; the results still match LocalEngine's
+            const turns = prompts.map((promptIds, i) => ({
+              promptIds: [...promptIds, ...theirs[i]!.tokens, ...tokenizer.encode("\n<|im_start|>user\nAnd 3 + 4?")],
+              sampling
+            }))
+            // and stop strings, which the engine's thread decodes with the tokenizer's files
+            const stopped = requests.map((r) => ({
+              ...r,
+              sampling: { ...sampling, stopStrings: ["<tool_call>", "\n"] }
+            }))
+            const theirTurns = yield* llamaEngine.generate([...turns, ...requests, ...stopped])
+            const ourTurns = yield* localEngine.generate([...turns, ...requests, ...stopped])
+            assert.isTrue(theirTurns.slice(-3).some((r) => r.finishReason === "stop"))
+            theirTurns.forEach((r, i) => {
+              assert.deepStrictEqual(r.tokens, ourTurns[i]!.tokens)
+              assert.strictEqual(r.finishReason, ourTurns[i]!.finishReason)
+              r.logprobs.forEach((lp, t) => assert.approximately(lp, ourTurns[i]!.logprobs[t]!, 1e-3))
             })
             // a version with no tensors: re-exported from the shared model's variables
             yield* llamaEngine.updateWeights({ version: PolicyVersion.make(1), names: [], shapes: [], data: [] })
