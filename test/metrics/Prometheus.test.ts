@@ -110,12 +110,13 @@ describe.skipIf(!available)("logging.backends prometheus (needs /usr/bin/prometh
         stderr += String(c)
       })
       const code = exited(train)
-      // while the run trains (and a few seconds after, in case it was faster than a scrape): the step Prometheus
-      // saw last and the reward beside it, from one scrape
+      // while the run trains: the latest step Prometheus answered and the reward beside it, from one scrape (once the
+      // run has ended its endpoint is gone, the next scrape fails and Prometheus marks the series stale, so keep the
+      // last answer that had both)
       let samples: ReadonlyArray<Sample> = []
-      for (let i = 0; i < 120; i++) {
-        samples = await query(base, '{__name__=~"effect_rl_trainer_step|effect_rl_reward_avg_raw_reward"}')
-        if (samples.length === 2 && train.exitCode !== null) break
+      for (let i = 0; i < 360 && train.exitCode === null; i++) {
+        const now = await query(base, '{__name__=~"effect_rl_trainer_step|effect_rl_reward_avg_raw_reward"}')
+        if (now.length === 2) samples = now
         await sleep(250)
       }
       assert.strictEqual(await code, 0, stderr.slice(-3000))
@@ -142,5 +143,5 @@ describe.skipIf(!available)("logging.backends prometheus (needs /usr/bin/prometh
       prometheus.kill("SIGTERM")
       await exited(prometheus)
     }
-  }, 120_000)
+  }, 180_000)
 })
