@@ -10,7 +10,7 @@ import * as fs from "node:fs/promises"
 import * as net from "node:net"
 import { tmpdir } from "node:os"
 import * as path from "node:path"
-import { assert, describe, it } from "@effect/vitest"
+import { afterEach, assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import type { TrajectoryGroup } from "../../src/domain/Trajectory.ts"
 import * as Cli from "../fixtures/Cli.ts"
@@ -28,10 +28,19 @@ const freePort = () =>
     })
   })
 
+// every process the test starts, killed after it even when it timed out (its own `finally` then never runs)
+const children: Array<ChildProcess> = []
+afterEach(() => {
+  for (const child of children.splice(0)) child.kill("SIGKILL")
+})
+
 /** `serve` on `port`, resolved once it prints its listening line. */
 const startServe = (port: number) =>
   Cli.serve(["--model", base, "--port", String(port), "--enable-weight-reload", "--max-batch", "8"]).then(
-    ({ child }) => child
+    ({ child }) => {
+      children.push(child)
+      return child
+    }
   )
 
 const readJsonl = async (file: string): Promise<Array<Record<string, unknown>>> =>
@@ -83,6 +92,7 @@ describe("remote engine over three serve replicas", () => {
             ],
             { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
           )
+          children.push(trainer)
           let stderr = ""
           trainer.stderr!.on("data", (chunk: Buffer) => {
             stderr += chunk.toString()

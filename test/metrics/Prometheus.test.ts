@@ -84,6 +84,16 @@ describe.skipIf(!available)("logging.backends prometheus (needs /usr/bin/prometh
         assert.isBelow(i, 100, `prometheus did not get ready:\n${promLog.slice(-2000)}`)
         await sleep(100)
       }
+      // Prometheus hands discovered targets to its scrape loop at most every 5 s: wait until it scrapes ours (down, as
+      // nothing listens yet), so the short run below is scraped from its start
+      for (let i = 0; ; i++) {
+        const targets = (await fetch(`${base}/api/v1/targets`).then((r) => r.json())) as {
+          data: { activeTargets: Array<{ health: string }> }
+        }
+        if (targets.data.activeTargets.some((t) => t.health !== "unknown")) break
+        assert.isBelow(i, 300, `prometheus never scraped the target:\n${promLog.slice(-2000)}`)
+        await sleep(100)
+      }
 
       const runDir = join(dir, "run")
       const train = spawn(
@@ -110,16 +120,20 @@ describe.skipIf(!available)("logging.backends prometheus (needs /usr/bin/prometh
         stderr += String(c)
       })
       const code = exited(train)
-      // while the run trains: the latest step Prometheus answered and the reward beside it, from one scrape (once the
-      // run has ended its endpoint is gone, the next scrape fails and Prometheus marks the series stale, so keep the
-      // last answer that had both)
-      let samples: ReadonlyArray<Sample> = []
-      for (let i = 0; i < 360 && train.exitCode === null; i++) {
-        const now = await query(base, '{__name__=~"effect_rl_trainer_step|effect_rl_reward_avg_raw_reward"}')
-        if (now.length === 2) samples = now
-        await sleep(250)
-      }
       assert.strictEqual(await code, 0, stderr.slice(-3000))
+      // the last values Prometheus scraped while the run served them (its endpoint is gone now, so the series are
+      // marked stale and an instant query of them answers nothing; last_over_time reads the samples before that)
+      const last = (name: string) => query(base, `last_over_time(${name}{job="effect-rl"}[5m])`)
+      const samples: Array<Sample> = [
+        ...(await last("effect_rl_trainer_step")).map((s) => ({
+          ...s,
+          metric: { ...s.metric, __name__: "effect_rl_trainer_step" }
+        })),
+        ...(await last("effect_rl_reward_avg_raw_reward")).map((s) => ({
+          ...s,
+          metric: { ...s.metric, __name__: "effect_rl_reward_avg_raw_reward" }
+        }))
+      ]
       assert.include(stderr, `prometheus: serving metrics on http://127.0.0.1:${metricsPort}/metrics`)
       assert.strictEqual(samples.length, 2, `no sample of the run in Prometheus:\n${promLog.slice(-2000)}`)
       const value = (name: string) => Number(samples.find((s) => s.metric["__name__"] === name)!.value[1])
