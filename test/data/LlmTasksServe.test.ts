@@ -5,36 +5,14 @@
  * what the checks refuse is rejected with a reason: generation never fails on what the model wrote. The recorded calls
  * replay to the same rows.
  */
-import * as path from "node:path"
-import { NodeServices } from "@effect/platform-node"
-import { Effect, Exit, Scope } from "effect"
-import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import { Effect } from "effect"
+import { assert, describe, it } from "vitest"
 import * as LlmTasks from "../../src/data/LlmTasks.ts"
 import * as ChatClient from "../../src/env/ChatClient.ts"
 import * as Rewards from "../../src/env/Rewards.ts"
-import * as Serve from "../../src/layers/Serve.ts"
+import { useQuickstartServe } from "../fixtures/QuickstartServe.ts"
 
-const policyDir = path.resolve(import.meta.dirname, "../../data/quickstart/policy")
-
-let scope: Scope.Closeable
-let url: string
-
-beforeAll(async () => {
-  await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
-  scope = await Effect.runPromise(Scope.make())
-  url = await Effect.runPromise(
-    Serve.start({ model: policyDir, host: "127.0.0.1", port: 0, token: undefined, modelName: "quickstart" }).pipe(
-      Effect.provide(NodeServices.layer),
-      Scope.provide(scope),
-      Effect.orDie
-    )
-  )
-}, 120_000)
-
-afterAll(async () => {
-  await Effect.runPromise(Scope.close(scope, Exit.void))
-})
+const served = useQuickstartServe()
 
 // one small tool: the quickstart policy's context is 1024 tokens (bytes), prompt and answer together
 const tools = LlmTasks.toolsFromJson(
@@ -68,7 +46,7 @@ const settings: LlmTasks.Settings = {
 
 describe("LlmTasks against serve (structured outputs)", () => {
   it("every finished answer parses; refused tasks carry reasons; kept rows are valid; replay gives the same rows", async () => {
-    const client = ChatClient.make({ url: `${url}/v1`, model: "quickstart", mode: "record" })
+    const client = ChatClient.make({ url: `${served.url}/v1`, model: "quickstart", mode: "record" })
     const result = await Effect.runPromise(LlmTasks.generate(client, tools, settings))
     assert.isAtLeast(result.calls.length, 1)
     let finished = 0

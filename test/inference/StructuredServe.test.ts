@@ -5,35 +5,14 @@
  * and through vLLM's `structured_outputs` / `guided_json` fields; every answer must parse and validate. Streaming:
  * a 200-token completion's chunks arrive while it is generated, not all at its end.
  */
-import * as path from "node:path"
-import { NodeServices } from "@effect/platform-node"
-import { Effect, Exit, Scope } from "effect"
 import OpenAI from "openai"
-import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as Serve from "../../src/layers/Serve.ts"
+import { assert, beforeAll, describe, it } from "vitest"
+import { useQuickstartServe } from "../fixtures/QuickstartServe.ts"
 
-const policyDir = path.resolve(import.meta.dirname, "../../data/quickstart/policy")
-
-let scope: Scope.Closeable
-let url: string
+const served = useQuickstartServe()
 let client: OpenAI
-
-beforeAll(async () => {
-  await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
-  scope = await Effect.runPromise(Scope.make())
-  url = await Effect.runPromise(
-    Serve.start({ model: policyDir, host: "127.0.0.1", port: 0, token: undefined, modelName: "quickstart" }).pipe(
-      Effect.provide(NodeServices.layer),
-      Scope.provide(scope),
-      Effect.orDie
-    )
-  )
-  client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0 })
-}, 120_000)
-
-afterAll(async () => {
-  await Effect.runPromise(Scope.close(scope, Exit.void))
+beforeAll(() => {
+  client = new OpenAI({ baseURL: `${served.url}/v1`, apiKey: "unused", maxRetries: 0 })
 })
 
 const scoresSchema = {
