@@ -178,11 +178,10 @@ export const tokenizerMetadata = (files: TokenizerFiles, config: TransformerConf
     throw new Error(`tokenizer.json: only byte-level BPE tokenizers export to GGUF (got ${json.model?.type})`)
   }
   const added = json.added_tokens ?? []
-  const size = Math.max(
-    config.vocabSize,
-    ...Object.values(json.model.vocab).map((id) => id + 1),
-    ...added.map((t) => t.id + 1)
-  )
+  // a loop, not Math.max(...ids): a real vocabulary (151 K ids) overflows the call stack as spread arguments
+  let size = config.vocabSize
+  for (const id of Object.values(json.model.vocab)) size = Math.max(size, id + 1)
+  for (const t of added) size = Math.max(size, t.id + 1)
   if (size > config.vocabSize) {
     throw new Error(`tokenizer has ${size} tokens, more than the model's ${config.vocabSize} embedding rows`)
   }
