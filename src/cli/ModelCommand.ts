@@ -8,6 +8,8 @@
  * model its adapter_config.json names, or `--base`) and writes the merged weights.
  * `model export --format gguf --out FILE.gguf [--type f32|f16|bf16|q8_0] [--merge [--base DIR]]`: the same model as
  * one GGUF file for llama.cpp, Ollama or LM Studio, with its tokenizer (GgufExport.ts says what is written).
+ * `model export --format gguf --adapter --out FILE.gguf [--type …] [--base DIR]`: a LoRA run's adapter (or a PEFT
+ * directory) alone, as a GGUF LoRA adapter (GgufLora.ts) to load over the base's own GGUF export.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -20,6 +22,7 @@ import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as GgufExport from "../model/GgufExport.ts"
+import * as GgufLora from "../model/GgufLora.ts"
 import * as HfCache from "../model/HfCache.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Lora from "../model/Lora.ts"
@@ -193,7 +196,8 @@ const loadMerged = (source: string, options: ExportOptions) =>
         path: options.merge !== true ? "--merge" : "--base",
         message:
           options.merge !== true
-            ? `${source} holds a LoRA adapter (${adapter.adapterDir}), not a model: add --merge to write its base with the adapter merged in`
+            ? `${source} holds a LoRA adapter (${adapter.adapterDir}), not a model: add --merge to write its base with ` +
+              `the adapter merged in, or --format gguf --adapter to write the adapter alone as a GGUF LoRA adapter`
             : `${adapter.adapterDir}/adapter_config.json names no base model: pass --base DIR (the model the run trained over)`
       })
     }
@@ -299,6 +303,85 @@ export const exportGguf = (dir: string, out: string, type: GgufExport.ExportType
     })
   )
 
+/** The config of an adapter's base: `--base`, the one its adapter_config.json names, or the run's `model.init`. */
+const adapterBaseConfig = (source: string, adapter: Checkpointer.AdapterSource, base: string | undefined) =>
+  Effect.gen(function* () {
+    const named = base ?? adapter.base
+    if (named === undefined) {
+      const init = yield* runInitOf(source)
+      if (init !== undefined) return ModelConfig.fromInit(init)
+      return yield* new ConfigError({
+        path: "--base",
+        message: `${adapter.adapterDir}/adapter_config.json names no base model: pass --base DIR (the model the run trained over)`
+      })
+    }
+    return yield* Effect.tryPromise({
+      try: () => Checkpoint.readConfig(HfCache.resolve(named)),
+      catch: (cause) =>
+        new CheckpointError({
+          path: named,
+          message: `the adapter's base: ${cause instanceof Error ? cause.message : String(cause)}`
+        })
+    })
+  })
+
+/**
+ * Write the LoRA adapter at `dir` (a LoRA run, its checkpoint, or a PEFT directory) as a GGUF LoRA adapter at `out`,
+ * shaped for its base (`options.base`, the base its adapter_config.json names, or the run's `model.init`).
+ */
+export const exportGgufAdapter = (
+  dir: string,
+  out: string,
+  type: GgufExport.ExportType,
+  options: Pick<ExportOptions, "base"> = {}
+) =>
+  Effect.gen(function* () {
+    const source = yield* resolveCheckpoint(dir)
+    const adapter = yield* Effect.promise(() => Checkpointer.adapterSourceOf(source))
+    if (adapter === undefined) {
+      return yield* new ConfigError({
+        path: "--adapter",
+        message: `${source} holds a whole model, not a LoRA adapter (no adapter_config.json): drop --adapter to export it`
+      })
+    }
+    const config = yield* adapterBaseConfig(source, adapter, options.base)
+    const weightsFile = path.join(adapter.adapterDir, Lora.weightsFile)
+    const written = yield* Effect.tryPromise({
+      try: async () => {
+        const weights = await Lora.readDir(adapter.adapterDir)
+        await fs.mkdir(path.dirname(path.resolve(out)), { recursive: true })
+        const bytes = await GgufLora.writeAdapter(out, {
+          config,
+          adapter: weights,
+          type,
+          name: path.basename(path.resolve(out)).replace(/\.gguf$/, ""),
+          source: weightsFile
+        })
+        return { bytes, weights }
+      },
+      catch: (cause) => {
+        const at = cause instanceof Checkpoint.CheckpointLoadError ? cause.path : weightsFile
+        const message = cause instanceof Error ? cause.message : String(cause)
+        return new CheckpointError({
+          path: at,
+          message: message.startsWith(`${at}: `) ? message.slice(at.length + 2) : message
+        })
+      }
+    })
+    return {
+      event: "export",
+      format: "gguf-lora",
+      source: adapter.adapterDir,
+      out,
+      type,
+      bytes: written.bytes,
+      architecture: config.architecture,
+      rank: written.weights.rank,
+      alpha: written.weights.alpha,
+      modules: written.weights.names.length / 2
+    }
+  })
+
 const exportCommand = Command.make(
   "export",
   {
@@ -323,14 +406,31 @@ const exportCommand = Command.make(
     base: Flag.String("base").pipe(
       Flag.withDescription("the adapter's base model directory (default: the one its adapter_config.json names)"),
       Flag.optional
+    ),
+    adapter: Flag.Boolean("adapter").pipe(
+      Flag.withDefault(false),
+      Flag.withDescription(
+        "with --format gguf: write a LoRA adapter (a LoRA run's checkpoint, a PEFT directory) alone, as a GGUF LoRA " +
+          "adapter for llama.cpp --lora / Ollama ADAPTER over the base's own GGUF export"
+      )
     )
   },
-  ({ model, out, format, dtype, type, merge, base }) =>
+  ({ model, out, format, dtype, type, merge, base, adapter }) =>
     Effect.gen(function* () {
+      if (adapter && (format !== "gguf" || merge)) {
+        return yield* new ConfigError({
+          path: "--adapter",
+          message:
+            format !== "gguf"
+              ? "--adapter writes a GGUF LoRA adapter: add --format gguf (for a PEFT adapter, use the checkpoint's adapter/ directory as it is)"
+              : "--adapter writes the adapter alone and --merge folds it into its base: pass one of them"
+        })
+      }
       yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
       const options = { merge, ...(Option.isSome(base) ? { base: base.value } : {}) }
-      const result =
-        format === "gguf"
+      const result = adapter
+        ? yield* exportGgufAdapter(model, out, ggufTypes[type], options)
+        : format === "gguf"
           ? yield* exportGguf(model, out, ggufTypes[type], options)
           : yield* exportHf(model, out, dtype === "bf16" ? "BF16" : "F32", options)
       yield* Console.log(JSON.stringify(result))
@@ -349,6 +449,10 @@ const exportCommand = Command.make(
     {
       command: `${commandPath.join(" ")} --model runs/quickstart --format gguf --type q8_0 --out runs/quickstart/policy.gguf`,
       description: "a GGUF file for llama.cpp / Ollama"
+    },
+    {
+      command: `${commandPath.join(" ")} --model runs/quickstart-lora --format gguf --adapter --out runs/quickstart-lora/adapter.gguf`,
+      description: "a LoRA run's adapter as a GGUF LoRA adapter (llama-cli --lora, Ollama ADAPTER)"
     }
   ])
 )

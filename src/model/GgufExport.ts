@@ -44,7 +44,7 @@ export interface TokenizerFiles {
 export type ExportType = Gguf.TensorType
 
 /** `general.file_type` (llama_ftype) of an export type. */
-const fileType: Record<ExportType, number> = { F32: 0, F16: 1, Q8_0: 7, BF16: 32 }
+export const fileType: Record<ExportType, number> = { F32: 0, F16: 1, Q8_0: 7, BF16: 32 }
 
 const hfLayer = /^model\.layers\.(\d+)\.(.+)$/
 const layerNames: Record<string, string> = {
