@@ -32,7 +32,9 @@
  * Weights: `updateWeights` writes `<dir>/v<version>.gguf` (from the snapshot's tensors, or, for a snapshot that only
  * names a version, from the shared model's variables) and the worker loads it; requests admitted afterwards sample from it,
  * requests in flight finish on the version they started with (their results say so), and a replaced model is freed
- * when its last request ends. A LoRA run's adapters are not supported (export the merged model instead).
+ * when its last request ends. A LoRA run exports its frozen base once (`base.gguf`) and each version's adapters as a
+ * GGUF LoRA adapter (`v<version>-lora.gguf`, F32 whatever `type` the base has: adapters are small); the worker keeps
+ * the base loaded and gives each version's contexts that version's adapter.
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -40,8 +42,10 @@ import { Worker } from "node:worker_threads"
 import { Effect } from "effect"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
-import type { WeightSnapshot } from "../domain/WeightSnapshot.ts"
+import type { AdapterWeights, WeightSnapshot } from "../domain/WeightSnapshot.ts"
 import * as GgufExport from "../model/GgufExport.ts"
+import * as GgufLora from "../model/GgufLora.ts"
+import * as Lora from "../model/Lora.ts"
 import * as Transformer from "../model/Transformer.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
 
@@ -82,7 +86,15 @@ export interface LlamaWorkerInit {
 
 export type ToLlamaWorker =
   | { readonly type: "generate"; readonly id: number; readonly request: GenerateRequest }
-  | { readonly type: "load"; readonly id: number; readonly file: string; readonly version: number }
+  | {
+      readonly type: "load"
+      readonly id: number
+      /** the model's GGUF file (a LoRA run's base: the same file at every version) */
+      readonly file: string
+      /** a LoRA run: this version's GGUF LoRA adapter */
+      readonly lora?: string
+      readonly version: number
+    }
   | { readonly type: "close"; readonly id: number }
 
 export type FromLlamaWorker =
@@ -115,6 +127,10 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
   const config = options.model.config
   const contextSize = Math.min(options.contextSize ?? Infinity, config.maxPositionEmbeddings)
   let arrays = new Map<string, GgufExport.HfArray>()
+  // a LoRA run: the base is written once, the adapters at every version
+  const loraRun = options.model.adapters.size > 0
+  let adapter: AdapterWeights | undefined
+  let baseWritten = false
 
   type Reply = Exclude<FromLlamaWorker, { readonly type: "ready" }>
   const pending = new Map<number, { resolve: (reply: Reply) => void; reject: (error: Error) => void }>()
@@ -160,25 +176,41 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
 
   // versions loaded in the worker; `version` is the one new requests sample from
   let version = 0
+  const writeModel = (file: string) =>
+    GgufExport.write(file, { config, arrays: [...arrays.values()], tokenizer: options.tokenizer, type: options.type })
   const load = async (next: number) => {
     await fs.mkdir(options.dir, { recursive: true })
-    const file = path.join(options.dir, `v${String(next).padStart(6, "0")}.gguf`)
-    await GgufExport.write(file, {
-      config,
-      arrays: [...arrays.values()],
-      tokenizer: options.tokenizer,
-      type: options.type
-    })
-    const reply = await call((id) => ({ type: "load", id, file, version: next }))
+    const stem = path.join(options.dir, `v${String(next).padStart(6, "0")}`)
+    let file = `${stem}.gguf`
+    let lora: string | undefined
+    if (loraRun) {
+      file = path.join(options.dir, "base.gguf")
+      if (!baseWritten) await writeModel(file)
+      baseWritten = true
+      lora = `${stem}-lora.gguf`
+      await GgufLora.writeAdapter(lora, { config, adapter: adapter!, type: "F32" })
+    } else {
+      await writeModel(file)
+    }
+    const reply = await call((id) => ({
+      type: "load",
+      id,
+      file,
+      ...(lora === undefined ? {} : { lora }),
+      version: next
+    }))
     if (reply.type === "ack" && reply.error !== undefined) throw new Error(reply.error)
     version = next
-    // keep the newest two files
-    const files = (await fs.readdir(options.dir)).filter((f) => /^v\d+\.gguf$/.test(f)).sort()
+    // keep the newest two versions' files (llama.cpp has read them)
+    const files = (await fs.readdir(options.dir)).filter((f) => /^v\d+(-lora)?\.gguf$/.test(f)).sort()
     for (const f of files.slice(0, -2)) await fs.rm(path.join(options.dir, f), { force: true })
   }
+  /** The model's weights as they are now: the base (once, in a LoRA run) and the adapters. */
   const readModel = async () => {
-    if (options.model.adapters.size > 0) throw new Error("LoRA adapters are not supported: export the merged model")
-    arrays = new Map((await Transformer.toHfArrays(options.model)).map((a) => [a.name, a]))
+    if (!loraRun || !baseWritten) {
+      arrays = new Map((await Transformer.toHfArrays(options.model)).map((a) => [a.name, a]))
+    }
+    if (loraRun) adapter = await Lora.toWeights(options.model)
   }
 
   const worker: Worker = yield* Effect.acquireRelease(
@@ -246,12 +278,16 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
     Effect.tryPromise({
       try: async () => {
         if (snapshot.version < version) throw new Error(`version ${snapshot.version} < ${version}`)
-        if (snapshot.adapter !== undefined) throw new Error("LoRA adapters are not supported: export the merged model")
-        if (snapshot.names.length === 0) await readModel()
-        else
+        if (snapshot.adapter !== undefined) {
+          if (!loraRun) throw new Error("a LoRA snapshot for a model without adapters")
+          adapter = snapshot.adapter
+        } else if (snapshot.names.length === 0) await readModel()
+        else {
           snapshot.names.forEach((name, i) =>
             arrays.set(name, { name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! })
           )
+          baseWritten = false // a LoRA run's base is written again if it ever changes
+        }
         await load(snapshot.version)
       },
       catch: fail(`cannot load version ${snapshot.version}`)

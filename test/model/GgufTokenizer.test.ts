@@ -43,6 +43,8 @@ const exportVocab = async (name: string, vocab: number, files: GgufExport.Tokeni
     num_attention_heads: 1,
     num_key_value_heads: 1,
     head_dim: hidden,
+    rope_theta: 10000,
+    rms_norm_eps: 1e-6,
     max_position_embeddings: 64,
     tie_word_embeddings: true
   })

@@ -4,6 +4,7 @@
  * token's confidence), so generation here does not wait while the trainer holds the main thread, and the trainer does
  * not wait for it.
  */
+import * as path from "node:path"
 import { parentPort, workerData } from "node:worker_threads"
 import * as ByteTokenizer from "../../tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../tokenizer/HfTokenizer.ts"
@@ -23,6 +24,10 @@ type LlamaSequence = ReturnType<LlamaContext["getSequence"]>
 interface Loaded {
   readonly version: number
   readonly model: LlamaModel
+  /** the GGUF file `model` was loaded from (a LoRA run's base: shared by its versions) */
+  readonly file: string
+  /** this version's GGUF LoRA adapter, applied by every context */
+  readonly lora?: string
   readonly contexts: ReadonlyArray<LlamaContext>
   /** the sequences not in use, their KV cache kept: each running request holds one */
   readonly idle: Array<LlamaSequence>
@@ -59,13 +64,48 @@ const decoder = ByteTokenizer.isByteTokenizerJson(init.tokenizer.tokenizerJson)
 const llamaCpp = await import("node-llama-cpp")
 const llama = await llamaCpp.getLlama({ gpu: false, build: "never", logLevel: llamaCpp.LlamaLogLevel.error })
 
-const load = async (file: string, version: number): Promise<Loaded> => {
-  const model = await llama.loadModel({ modelPath: file, gpuLayers: 0 })
+/** Loaded models by file, with how many versions use each: a LoRA run's versions share their base. */
+const models = new Map<string, { readonly model: Promise<LlamaModel>; users: number }>()
+
+const useModel = (file: string): Promise<LlamaModel> => {
+  const entry = models.get(file) ?? { model: llama.loadModel({ modelPath: file, gpuLayers: 0 }), users: 0 }
+  entry.users++
+  models.set(file, entry)
+  return entry.model
+}
+
+const releaseModel = async (file: string) => {
+  const entry = models.get(file)
+  if (entry === undefined || --entry.users > 0) return
+  models.delete(file)
+  await (await entry.model).dispose()
+}
+
+/**
+ * node-llama-cpp (3.21.1) keeps every adapter a model has loaded, by path, until the model is disposed, and offers no
+ * way to unload one; a run that loads an adapter per version would keep them all. Its internal map and the adapter's
+ * own `dispose` unload a version's adapter once its contexts are gone.
+ */
+const unloadAdapter = async (model: LlamaModel, file: string) => {
+  const adapters = (model as unknown as { _loraAdapters?: Map<string, { dispose?: () => Promise<void> | void }> })
+    ._loraAdapters
+  if (adapters === undefined) return
+  const key = path.resolve(file)
+  const adapter = adapters.get(key)
+  adapters.delete(key)
+  await adapter?.dispose?.()
+}
+
+const load = async (file: string, version: number, lora: string | undefined): Promise<Loaded> => {
+  const model = await useModel(file).catch(async (e: unknown) => {
+    await releaseModel(file).catch(() => undefined)
+    throw e
+  })
   const sizes: Array<number> = []
   for (let left = init.maxBatch; left > 0; left -= init.sequencesPerContext) {
     sizes.push(Math.min(left, init.sequencesPerContext))
   }
-  const contexts = await Promise.all(
+  const created = await Promise.allSettled(
     sizes.map((sequences) =>
       model.createContext({
         contextSize: init.contextSize * sequences,
@@ -76,17 +116,28 @@ const load = async (file: string, version: number): Promise<Loaded> => {
         experimentalKvCacheKeyType: "F32",
         experimentalKvCacheValueType: "F32",
         // one thread unless told: more than the cores it has to itself makes llama.cpp's threads wait on each other
-        threads: init.threads
+        threads: init.threads,
+        // scale 1: llama.cpp multiplies it by the adapter's own alpha / rank, as PEFT does
+        ...(lora === undefined ? {} : { lora: { adapters: [{ filePath: lora, scale: 1 }] } })
       })
     )
   )
+  const contexts = created.flatMap((c) => (c.status === "fulfilled" ? [c.value] : []))
+  const failed = created.find((c) => c.status === "rejected")
+  if (failed !== undefined) {
+    for (const context of contexts) await context.dispose()
+    if (lora !== undefined) await unloadAdapter(model, lora)
+    await releaseModel(file)
+    throw failed.reason
+  }
   const idle = contexts.flatMap((context, i) => Array.from({ length: sizes[i]! }, () => context.getSequence()))
-  return { version, model, contexts, idle, active: 0, replaced: false }
+  return { version, model, file, ...(lora === undefined ? {} : { lora }), contexts, idle, active: 0, replaced: false }
 }
 
 const free = async (loaded: Loaded) => {
   for (const context of loaded.contexts) await context.dispose()
-  await loaded.model.dispose()
+  if (loaded.lora !== undefined) await unloadAdapter(loaded.model, loaded.lora)
+  await releaseModel(loaded.file)
 }
 
 let current: Loaded | undefined
@@ -155,7 +206,7 @@ const handle = async (message: ToLlamaWorker) => {
       return
     case "load":
       try {
-        const next = await load(message.file, message.version)
+        const next = await load(message.file, message.version, message.lora)
         const previous = current
         current = next
         if (previous !== undefined) {
