@@ -230,7 +230,9 @@ export const microBatchGrads = async (
           policyLoss: out.loss,
           clipRatio: out.metrics.clipRatio,
           approxKl: out.metrics.approxKl,
-          entropy: entropyMean
+          entropy: entropyMean,
+          // mean |log π_old − log π_rollout|: what the engine's behaviour log-probs differ by from the trainer's
+          ...(out.metrics["logprobDiffAbs"] === undefined ? {} : { logprobDiffAbs: out.metrics["logprobDiffAbs"] })
         }
         if (input.ref !== undefined && algo.use_kl_loss) {
           const klLoss = Kl.loss(logprobs, tf.tensor2d(rows(input.ref)), lossMask, algo.kl_estimator_type)

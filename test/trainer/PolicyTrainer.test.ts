@@ -198,6 +198,31 @@ describe("PolicyTrainer", () => {
     )
   }
 
+  it.effect(
+    "records how far the engine's behaviour log-probs are from the trainer's (policy/rollout_logprob_abs_diff)",
+    () =>
+      Effect.gen(function* () {
+        // one mini-batch, one micro-batch: the metric is the mean over all 24 response tokens
+        const layer = yield* setup(["trainer.policy_mini_batch_size=2", "trainer.micro_train_batch_size=8"])
+        yield* Effect.gen(function* () {
+          const trainer = yield* Trainer
+          const { model } = yield* PolicyModel.PolicyModel
+          // the trainer's log-probs before the step (π_old) against the recorded −log 16 of every response token
+          const gap = (response: ReadonlyArray<number>) =>
+            Effect.map(
+              Effect.promise(() => LogProbs.ofIds(model, [1, 2, ...response])),
+              (values) => values.slice(1).reduce((sum, lp) => sum + Math.abs(lp + Math.log(16)), 0)
+            )
+          const expected = ((yield* gap([5, 6, 7])) + (yield* gap([9, 9, 9]))) / 6
+          const result = yield* trainer.step(groups(2))
+          const recorded = result.metrics["policy/rollout_logprob_abs_diff"]
+          assert.isDefined(recorded)
+          assert.approximately(recorded!, expected, 1e-4)
+          assert.isAbove(expected, 0.1) // the tiny policy is far from uniform over 16: the check is not of zeros
+        }).pipe(Effect.provide(layer))
+      })
+  )
+
   it.effect("policyLoss resolves each loss's parameters from trainer.algorithm, sapo.* and dppo.* included", () =>
     Effect.gen(function* () {
       const data = {
