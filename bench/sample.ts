@@ -10,6 +10,8 @@
  *
  * `--weights bf16` (native backend): every projection weight stored as bfloat16 and read in place (Transformer.storeFrozen).
  *
+ * `--engine llamacpp`: llama.cpp against our LocalEngine instead of PyTorch (bench/sample-llamacpp.ts has its flags).
+ *
  * Run: npm run bench -- sample [--model DIR] [--batch B] [--prompt P] [--new N] [--weights f32|bf16]
  *        [--backend wasm|native|cpu|webgpu|tensorflow|tensorflow-gpu] [--kernels native|stock] [--threads N]
  *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
@@ -22,6 +24,9 @@ import * as Transformer from "../src/model/Transformer.ts"
 import * as Harness from "./harness.ts"
 
 export const run = async (): Promise<void> => {
+  const engine = Harness.arg("engine", "")
+  if (engine === "llamacpp") return (await import("./sample-llamacpp.ts")).run()
+  if (engine !== "") throw new Error(`--engine ${engine}: llamacpp (or none: PyTorch's peer)`)
   const real = Harness.hasModel()
   // at least 5 timed steps on the perf model, as its committed results had; a checkpoint's steps are long enough
   const iters = Math.max(Number(Harness.arg("min-iters", real ? "1" : "5")), Number(Harness.arg("iters", "5")))
