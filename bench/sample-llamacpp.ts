@@ -213,7 +213,9 @@ const runSide = async (side: "ours" | "llamacpp"): Promise<void> => {
   }
 }
 
-type Outcome = Side | { readonly side: string; readonly ggufType?: string; readonly error: string }
+type Outcome =
+  | Side
+  | { readonly side: string; readonly ggufType?: string; readonly threads: number; readonly error: string }
 
 /** Run one side in a child process (this bench again with `--side`); its Side, or why it failed. */
 const child = async (side: "ours" | "llamacpp", flags: ReadonlyArray<string>): Promise<Outcome> => {
@@ -233,11 +235,12 @@ const child = async (side: "ours" | "llamacpp", flags: ReadonlyArray<string>): P
     proc.on("error", reject)
     proc.on("exit", (code, signal) => resolve({ code, signal }))
   })
-  const type = flags[flags.indexOf("--gguf-type") + 1]
+  const type = flags.includes("--gguf-type") ? flags[flags.indexOf("--gguf-type") + 1] : undefined
+  const threads = Number(flags[flags.indexOf("--threads") + 1])
   if (exit.code !== 0) {
     const error = exit.signal === "SIGKILL" ? "killed (out of memory?)" : `failed (${exit.signal ?? exit.code})`
     console.error(`bench: the ${side} side ${error}; its stderr is above`)
-    return { side, ...(side === "llamacpp" && type !== undefined ? { ggufType: ggufTypes[type]! } : {}), error }
+    return { side, ...(type === undefined ? {} : { ggufType: ggufTypes[type]! }), threads, error }
   }
   return JSON.parse(stdout.trim().split("\n").at(-1)!) as Side
 }
