@@ -11,7 +11,10 @@
  * it after), so with top-p < 1 and τ ≠ 1 the nucleus can differ. At F32 the log-probs match the trainer's within
  * 1e-5 (test/model/GgufExport.test.ts); an F16/BF16/Q8_0 export moves them (mean |Δ log p| about 0.001 / 0.008 /
  * 0.03 on the quickstart policy), which the trainer records as `policy/rollout_logprob_abs_diff` and TIS
- * (`trainer.algorithm.off_policy_correction`) reweights.
+ * (`trainer.algorithm.off_policy_correction`) reweights. Known fault: under many concurrent multi-turn requests, now
+ * and then every sequence of one context samples one step's token from logits that are not its own (llama.cpp's log p
+ * ≈ 0 where the policy's is below −15); one sequence per context showed none (docs/results.md, "Quickstart RL on the
+ * llama.cpp engine").
  *
  * Batching: `maxBatch` sequences over contexts of at most `sequencesPerContext` (8) each; concurrent requests each
  * hold a sequence and node-llama-cpp decodes a context's pending tokens together in one batch per step. Several small
