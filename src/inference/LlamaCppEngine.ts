@@ -11,16 +11,15 @@
  * it after), so with top-p < 1 and τ ≠ 1 the nucleus can differ. At F32 the log-probs match the trainer's within
  * 1e-5 (test/model/GgufExport.test.ts); an F16/BF16/Q8_0 export moves them (mean |Δ log p| about 0.001 / 0.008 /
  * 0.03 on the quickstart policy), which the trainer records as `policy/rollout_logprob_abs_diff` and TIS
- * (`trainer.algorithm.off_policy_correction`) reweights. Known fault: under many concurrent multi-turn requests, now
- * and then every sequence of one context samples one step's token from logits that are not its own (llama.cpp's log p
- * ≈ 0 where the policy's is below −15); one sequence per context showed none (docs/results.md, "Quickstart RL on the
- * llama.cpp engine").
+ * (`trainer.algorithm.off_policy_correction`) reweights.
  *
- * Batching: `maxBatch` sequences over contexts of at most `sequencesPerContext` (8) each; concurrent requests each
- * hold a sequence and node-llama-cpp decodes a context's pending tokens together in one batch per step. Several small
- * contexts rather than one: llama.cpp's attention in a context spans every sequence's KV cells, so a step of one
- * 64-sequence context costs more than eight 8-sequence ones (quickstart policy, 2 cores: 3.1 K against 3.5 K tokens/s),
- * and a small context is faster to create at each version.
+ * Batching: `maxBatch` sequences over contexts of at most `sequencesPerContext` each, one by default. With several
+ * sequences in a context (node-llama-cpp then decodes their pending tokens together in one batch per step), under many
+ * concurrent multi-turn requests now and then every sequence of one context samples one step's token from logits that
+ * are not its own: llama.cpp reports log p ≈ 0 where the policy gives −16 to −20, and the tokens after it match again
+ * (docs/results.md, "Quickstart RL on the llama.cpp engine"). With one sequence per context none showed, and the
+ * engine tests, which failed now and then with several, pass; it costs batching across trajectories (about half the
+ * speed on the quickstart policy), so `sequencesPerContext` above 1 is for measuring, not for training.
  *
  * Prefix reuse: a request takes the free sequence whose cached tokens share the longest prefix with its prompt, erases
  * the rest and evaluates only the new tokens, so a trajectory's next turn (and the other samples of its prompt) skips
@@ -73,8 +72,8 @@ export interface LlamaCppEngineOptions {
   readonly sequencesPerContext?: number
 }
 
-/** Sequences per llama.cpp context (see the header: several small contexts decode faster than one large one). */
-export const sequencesPerContext = 16
+/** Sequences per llama.cpp context (see the header: with more than one, a step's logits can go to the wrong sequence). */
+export const sequencesPerContext = 1
 
 // ---------------------------------------------------------------------------------------------------------------
 // The protocol (worker/llamacpp-worker.ts is the other side)
