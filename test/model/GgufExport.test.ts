@@ -12,51 +12,24 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import { afterAll, assert, describe, it } from "vitest"
 import * as ModelCommand from "../../src/cli/ModelCommand.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as Gguf from "../../src/model/Gguf.ts"
 import * as GgufExport from "../../src/model/GgufExport.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
-import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
+import * as LlamaCpp from "../fixtures/LlamaCpp.ts"
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-"))
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
 
-type LlamaModule = typeof import("node-llama-cpp")
-let llamaCpp: LlamaModule
-let llama: Awaited<ReturnType<LlamaModule["getLlama"]>>
-beforeAll(async () => {
-  await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
-  llamaCpp = await import("node-llama-cpp")
-  llama = await llamaCpp.getLlama({ gpu: false, build: "never", logLevel: llamaCpp.LlamaLogLevel.error })
-}, 120_000)
-
+const llamaCpp = LlamaCpp.useLlama()
 const tokenizer = ByteTokenizer.make()
-const byteFiles = (): GgufExport.TokenizerFiles => {
-  const files = tokenizer.hfFiles()
-  return { tokenizerJson: files["tokenizer.json"], tokenizerConfig: files["tokenizer_config.json"] }
-}
-
-const testInit = (architecture: ModelConfig.Architecture, tie: boolean) =>
-  ModelConfig.fromInit({
-    architecture,
-    vocab_size: 320,
-    hidden_size: 64,
-    intermediate_size: 96,
-    num_hidden_layers: 2,
-    num_attention_heads: 4,
-    num_key_value_heads: 2,
-    ...(architecture === "qwen3" ? { head_dim: 32 } : {}),
-    rope_theta: 10000,
-    rms_norm_eps: 1e-6,
-    max_position_embeddings: 256,
-    tie_word_embeddings: tie
-  })
+const byteFiles = LlamaCpp.byteFiles
+const testInit = LlamaCpp.testConfig
 
 /** Export `model` and load it in llama.cpp. */
 const loadInLlamaCpp = async (model: Transformer.Transformer, type: Gguf.TensorType, name: string) => {
@@ -67,58 +40,11 @@ const loadInLlamaCpp = async (model: Transformer.Transformer, type: Gguf.TensorT
     tokenizer: byteFiles(),
     type
   })
-  return llama.loadModel({ modelPath: file, gpuLayers: 0 })
+  return llamaCpp.get().loadModel({ modelPath: file, gpuLayers: 0 })
 }
 
-// an F32 KV cache (llama.cpp's default is F16, which alone moves log-probs by ~1e-2) and no flash attention
-const contextOptions = {
-  contextSize: 256,
-  batchSize: 256,
-  threads: 1,
-  flashAttention: false,
-  experimentalKvCacheKeyType: "F32",
-  experimentalKvCacheValueType: "F32"
-} as const
-
-/** llama.cpp's greedy continuation and each token's log-prob (softmax over the whole vocabulary, untempered). */
-const llamaGreedy = async (loaded: Awaited<ReturnType<typeof loadInLlamaCpp>>, prompt: ReadonlyArray<number>) => {
-  const context = await loaded.createContext(contextOptions)
-  try {
-    const sequence = context.getSequence()
-    const tokens: Array<number> = []
-    const logprobs: Array<number> = []
-    const ids = prompt as Array<never>
-    for await (const out of sequence.evaluateWithMetadata(
-      ids,
-      { confidence: true },
-      { temperature: 0, topK: 0, topP: 1, yieldEogToken: true }
-    )) {
-      tokens.push(out.token)
-      logprobs.push(Math.log(out.confidence))
-      if (tokens.length === 32) break
-    }
-    return { tokens, logprobs }
-  } finally {
-    await context.dispose()
-  }
-}
-
-/** llama.cpp's log p(ids[t] | ids[<t]) for t ≥ 1, teacher-forced in one pass. */
-const llamaTeacherForced = async (loaded: Awaited<ReturnType<typeof loadInLlamaCpp>>, ids: ReadonlyArray<number>) => {
-  const context = await loaded.createContext(contextOptions)
-  try {
-    const sequence = context.getSequence()
-    const input = ids
-      .slice(0, -1)
-      .map(
-        (id) => [id, { generateNext: { probabilities: true, options: { temperature: 0, topK: 0, topP: 1 } } }] as never
-      )
-    const out = await sequence.controlledEvaluate(input)
-    return ids.slice(1).map((id, t) => Math.log(out[t]!.next.probabilities!.get(id as never)!))
-  } finally {
-    await context.dispose()
-  }
-}
+const llamaGreedy = LlamaCpp.greedy
+const llamaTeacherForced = LlamaCpp.teacherForced
 
 const ours = async (model: Transformer.Transformer, prompt: ReadonlyArray<number>) => {
   const [completion] = await Sampling.generate(model, [
@@ -127,7 +53,7 @@ const ours = async (model: Transformer.Transformer, prompt: ReadonlyArray<number
   return completion!
 }
 
-const maxAbs = (a: ReadonlyArray<number>, b: ReadonlyArray<number>) => Math.max(...a.map((x, i) => Math.abs(x - b[i]!)))
+const maxAbs = LlamaCpp.maxAbs
 
 const prompt = tokenizer.encode("<|im_start|>user\nWhat is 17 + 25?<|im_end|>\n<|im_start|>assistant\n")
 
@@ -187,7 +113,7 @@ describe("GgufExport in llama.cpp", () => {
         const file = path.join(tmp, `cli-${type}.gguf`)
         const result = await Effect.runPromise(ModelCommand.exportGguf("data/quickstart/policy", file, type))
         assert.strictEqual(result.type, type)
-        const loaded = await llama.loadModel({ modelPath: file, gpuLayers: 0 })
+        const loaded = await llamaCpp.get().loadModel({ modelPath: file, gpuLayers: 0 })
         try {
           const forced = await llamaTeacherForced(loaded, ids)
           gaps[type] = forced.reduce((sum, x, i) => sum + Math.abs(x - reference[i]!), 0) / forced.length

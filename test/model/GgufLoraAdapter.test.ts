@@ -11,8 +11,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Effect } from "effect"
-import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import { afterAll, assert, describe, it } from "vitest"
 import * as ModelCommand from "../../src/cli/ModelCommand.ts"
 import type { AdapterWeights } from "../../src/domain/WeightSnapshot.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
@@ -21,46 +20,20 @@ import * as GgufExport from "../../src/model/GgufExport.ts"
 import * as GgufLora from "../../src/model/GgufLora.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Lora from "../../src/model/Lora.ts"
-import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as Cli from "../fixtures/Cli.ts"
+import * as LlamaCpp from "../fixtures/LlamaCpp.ts"
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-lora-"))
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
 
-type LlamaModule = typeof import("node-llama-cpp")
-let llamaCpp: LlamaModule
-let llama: Awaited<ReturnType<LlamaModule["getLlama"]>>
-beforeAll(async () => {
-  await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
-  llamaCpp = await import("node-llama-cpp")
-  llama = await llamaCpp.getLlama({ gpu: false, build: "never", logLevel: llamaCpp.LlamaLogLevel.error })
-}, 120_000)
-
+const llamaCpp = LlamaCpp.useLlama()
 const tokenizer = ByteTokenizer.make()
-const byteFiles = (): GgufExport.TokenizerFiles => {
-  const files = tokenizer.hfFiles()
-  return { tokenizerJson: files["tokenizer.json"], tokenizerConfig: files["tokenizer_config.json"] }
-}
-
-const testConfig = (architecture: "qwen3" | "llama") =>
-  ModelConfig.fromInit({
-    architecture,
-    vocab_size: 320,
-    hidden_size: 64,
-    intermediate_size: 96,
-    num_hidden_layers: 2,
-    num_attention_heads: 4,
-    num_key_value_heads: 2,
-    ...(architecture === "qwen3" ? { head_dim: 32 } : {}),
-    rope_theta: 10000,
-    rms_norm_eps: 1e-6,
-    max_position_embeddings: 256,
-    tie_word_embeddings: architecture === "qwen3"
-  })
+const byteFiles = LlamaCpp.byteFiles
+const testConfig = (architecture: "qwen3" | "llama") => LlamaCpp.testConfig(architecture, architecture === "qwen3")
 
 const lora: Lora.LoraOptions = {
   rank: 4,
@@ -82,62 +55,11 @@ const randomAdapters = async (model: Transformer.Transformer, seed: number): Pro
   return weights
 }
 
-// an F32 KV cache and no flash attention: llama.cpp's defaults alone move log-probs by ~1e-2
-const contextOptions = {
-  contextSize: 256,
-  batchSize: 256,
-  threads: 1,
-  flashAttention: false,
-  experimentalKvCacheKeyType: "F32",
-  experimentalKvCacheValueType: "F32"
-} as const
-
-type Loaded = Awaited<ReturnType<typeof llama.loadModel>>
-
-const contextOf = (loaded: Loaded, adapter: string | undefined) =>
-  loaded.createContext({
-    ...contextOptions,
-    ...(adapter === undefined ? {} : { lora: { adapters: [{ filePath: adapter, scale: 1 }] } })
-  })
-
-/** llama.cpp's greedy continuation (32 tokens) and each token's log-prob. */
-const llamaGreedy = async (loaded: Loaded, adapter: string | undefined, prompt: ReadonlyArray<number>) => {
-  const context = await contextOf(loaded, adapter)
-  try {
-    const tokens: Array<number> = []
-    const logprobs: Array<number> = []
-    for await (const out of context
-      .getSequence()
-      .evaluateWithMetadata(
-        prompt as Array<never>,
-        { confidence: true },
-        { temperature: 0, topK: 0, topP: 1, yieldEogToken: true }
-      )) {
-      tokens.push(out.token)
-      logprobs.push(Math.log(out.confidence))
-      if (tokens.length === 32) break
-    }
-    return { tokens, logprobs }
-  } finally {
-    await context.dispose()
-  }
-}
-
-/** llama.cpp's log p(ids[t] | ids[<t]) for t ≥ 1, teacher-forced in one pass. */
-const llamaTeacherForced = async (loaded: Loaded, adapter: string | undefined, ids: ReadonlyArray<number>) => {
-  const context = await contextOf(loaded, adapter)
-  try {
-    const input = ids
-      .slice(0, -1)
-      .map(
-        (id) => [id, { generateNext: { probabilities: true, options: { temperature: 0, topK: 0, topP: 1 } } }] as never
-      )
-    const out = await context.getSequence().controlledEvaluate(input)
-    return ids.slice(1).map((id, t) => Math.log(out[t]!.next.probabilities!.get(id as never)!))
-  } finally {
-    await context.dispose()
-  }
-}
+type Loaded = LlamaCpp.Loaded
+const llamaGreedy = (loaded: Loaded, adapter: string | undefined, prompt: ReadonlyArray<number>) =>
+  LlamaCpp.greedy(loaded, prompt, adapter)
+const llamaTeacherForced = (loaded: Loaded, adapter: string | undefined, ids: ReadonlyArray<number>) =>
+  LlamaCpp.teacherForced(loaded, ids, adapter)
 
 const ours = async (model: Transformer.Transformer, prompt: ReadonlyArray<number>) => {
   const [completion] = await Sampling.generate(model, [
@@ -146,7 +68,7 @@ const ours = async (model: Transformer.Transformer, prompt: ReadonlyArray<number
   return completion!
 }
 
-const maxAbs = (a: ReadonlyArray<number>, b: ReadonlyArray<number>) => Math.max(...a.map((x, i) => Math.abs(x - b[i]!)))
+const maxAbs = LlamaCpp.maxAbs
 const meanAbs = (a: ReadonlyArray<number>, b: ReadonlyArray<number>) =>
   a.reduce((sum, x, i) => sum + Math.abs(x - b[i]!), 0) / a.length
 
@@ -169,7 +91,7 @@ describe("GgufLora in llama.cpp", () => {
     it(`${architecture}: base + adapter give our adapted model's greedy continuation and log-probs within 1e-3 at F32`, async () => {
       // initializer range 0.3: a peaked next-token distribution, so greedy is not decided by float noise
       const model = Transformer.init(testConfig(architecture), 11, 0.3)
-      const loaded = await llama.loadModel({ modelPath: await writeBase(model, architecture), gpuLayers: 0 })
+      const loaded = await llamaCpp.get().loadModel({ modelPath: await writeBase(model, architecture), gpuLayers: 0 })
       try {
         const weights = await randomAdapters(model, 5)
         assert.strictEqual(weights.names.length, 2 * 2 * 7) // 2 layers × 7 modules × (A, B)
@@ -266,7 +188,7 @@ describe("GgufLora in llama.cpp", () => {
     const weights = await randomAdapters(model, 9)
     await Lora.writeDir(path.join(runDir, "checkpoints/step-3/adapter"), weights, baseDir)
     fs.writeFileSync(path.join(runDir, "checkpoints/latest"), "step-3\n")
-    const loaded = await llama.loadModel({ modelPath: baseFile, gpuLayers: 0 })
+    const loaded = await llamaCpp.get().loadModel({ modelPath: baseFile, gpuLayers: 0 })
     try {
       const out = path.join(tmp, "cli-adapter.gguf")
       const exported = Cli.run(["model", "export", "--model", runDir, "--format", "gguf", "--adapter", "--out", out])

@@ -14,22 +14,18 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
-import { afterAll, assert, beforeAll, describe, it } from "vitest"
+import { afterAll, assert, describe, it } from "vitest"
 import * as GgufExport from "../../src/model/GgufExport.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../src/tokenizer/HfTokenizer.ts"
 import type * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
+import * as LlamaCpp from "../fixtures/LlamaCpp.ts"
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "gguf-tok-"))
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
 
-type LlamaModule = typeof import("node-llama-cpp")
-let llama: Awaited<ReturnType<LlamaModule["getLlama"]>>
-beforeAll(async () => {
-  const llamaCpp = await import("node-llama-cpp")
-  llama = await llamaCpp.getLlama({ gpu: false, build: "never", logLevel: llamaCpp.LlamaLogLevel.error })
-}, 120_000)
+const llamaCpp = LlamaCpp.useLlama()
 
 /** A one-layer Qwen3 stub with `vocab` embedding rows, written with `files` as its tokenizer; loaded vocabulary only. */
 const exportVocab = async (name: string, vocab: number, files: GgufExport.TokenizerFiles) => {
@@ -68,7 +64,7 @@ const exportVocab = async (name: string, vocab: number, files: GgufExport.Tokeni
   ]
   const file = path.join(tmp, `${name}.gguf`)
   await GgufExport.write(file, { config, arrays, tokenizer: files, type: "F32" })
-  return llama.loadModel({ modelPath: file, gpuLayers: 0, vocabOnly: true })
+  return llamaCpp.get().loadModel({ modelPath: file, gpuLayers: 0, vocabOnly: true })
 }
 
 /** Chat turns as the policy sees them, tool calls and responses included, and text that stresses a pre-tokenizer. */
