@@ -33,12 +33,18 @@ let stdout = ""
 child.stdout.on("data", (chunk: Buffer) => {
   stdout += chunk.toString()
 })
-const code: number = await new Promise((resolve) => child.on("close", (c) => resolve(c ?? 1)))
+const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
+  child.on("close", (c, s) => resolve([c, s]))
+)
 const seconds = (performance.now() - start) / 1000
 clearInterval(sampler)
 if (code !== 0) {
-  console.error(`train exited with ${code}`)
-  process.exit(code)
+  // what the run printed (its last lines: a typed failure's summary lands on stdout), and how it ended
+  console.error(stdout.trim().split("\n").slice(-20).join("\n"))
+  console.error(
+    `train ${signal === null ? `exited with ${code}` : `was killed by ${signal}`} after ${seconds.toFixed(0)} s`
+  )
+  process.exit(code ?? 1)
 }
 const lines = stdout.trim().split("\n")
 const summary = JSON.parse(lines[lines.length - 1]!) as {
