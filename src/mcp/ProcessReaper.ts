@@ -15,7 +15,9 @@ import type { Socket } from "node:net"
 
 // `read` returns non-zero at EOF: the loop ends when our end of the pipe closes. Each entry is `PGID:START`, START
 // being the group leader's start time (field 22 of /proc/PID/stat): pids are reused (pid_max may be 32768), so a group
-// is killed only while its leader is the very process we started, never a later process that got the same id.
+// is killed only while its leader is the very process we started, never a later process that got the same id. A group
+// whose leader is gone (a server that crashed before we could forget it) is killed while it still has members: those
+// are what the server left behind, and no later group can take its id while any of them lives.
 const script = `
 groups=" "
 while IFS= read -r line; do
@@ -27,7 +29,7 @@ done
 for entry in $groups; do
   g=\${entry%%:*}
   start=\${entry#*:}
-  stat=$(cat "/proc/$g/stat" 2>/dev/null) || continue
+  stat=$(cat "/proc/$g/stat" 2>/dev/null) || { kill -KILL "-$g" 2>/dev/null; continue; }
   set -- \${stat##*) }
   shift 19
   [ "$1" = "$start" ] && kill -KILL "-$g" 2>/dev/null
