@@ -178,8 +178,17 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
 
   // versions loaded in the worker; `version` is the one new requests sample from
   let version = 0
-  const writeModel = (file: string) =>
-    GgufExport.write(file, { config, arrays: [...arrays.values()], tokenizer: options.tokenizer, type: options.type })
+  // written beside and renamed into place: llama.cpp maps a loaded GGUF file, and rewriting one in place (the same
+  // version exported again) truncates pages a loaded model still reads, which kills the process with SIGBUS
+  const writeModel = async (file: string) => {
+    await GgufExport.write(`${file}.tmp`, {
+      config,
+      arrays: [...arrays.values()],
+      tokenizer: options.tokenizer,
+      type: options.type
+    })
+    await fs.rename(`${file}.tmp`, file)
+  }
   const load = async (next: number) => {
     await fs.mkdir(options.dir, { recursive: true })
     const stem = path.join(options.dir, `v${String(next).padStart(6, "0")}`)
