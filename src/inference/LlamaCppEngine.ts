@@ -34,7 +34,8 @@
  * Weights: `updateWeights` writes `<dir>/v<version>.gguf` (from the snapshot's tensors, or, for a snapshot that only
  * names a version, from the shared model's variables) and the worker loads it; requests admitted afterwards sample from it,
  * requests in flight finish on the version they started with (their results say so), and a replaced model is freed
- * when its last request ends. A LoRA run exports its frozen base once (`base.gguf`) and each version's adapters as a
+ * when its last request ends. A LoRA run exports its frozen base once (`v<version>-base.gguf`, named by the version it
+ * was written at: a base that changes is written under a new name) and each version's adapters as a
  * GGUF LoRA adapter (`v<version>-lora.gguf`, F32 whatever `type` the base has: adapters are small); the worker keeps
  * the base loaded and gives each version's contexts that version's adapter.
  */
@@ -132,7 +133,9 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
   // a LoRA run: the base is written once, the adapters at every version
   const loraRun = options.model.adapters.size > 0
   let adapter: AdapterWeights | undefined
-  let baseWritten = false
+  // a LoRA run's base GGUF, named by the version it was written at: the worker shares a loaded model between the
+  // versions that name the same file, so a base written again needs a new name
+  let baseFile: string | undefined
 
   type Reply = Exclude<FromLlamaWorker, { readonly type: "ready" }>
   const pending = new Map<number, { resolve: (reply: Reply) => void; reject: (error: Error) => void }>()
@@ -195,9 +198,11 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
     let file = `${stem}.gguf`
     let lora: string | undefined
     if (loraRun) {
-      file = path.join(options.dir, "base.gguf")
-      if (!baseWritten) await writeModel(file)
-      baseWritten = true
+      if (baseFile === undefined) {
+        baseFile = `${stem}-base.gguf`
+        await writeModel(baseFile)
+      }
+      file = baseFile
       lora = `${stem}-lora.gguf`
       await GgufLora.writeAdapter(lora, { config, adapter: adapter!, type: "F32" })
     } else {
@@ -212,13 +217,16 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
     }))
     if (reply.type === "ack" && reply.error !== undefined) throw new Error(reply.error)
     version = next
-    // keep the newest two versions' files (llama.cpp has read them)
-    const files = (await fs.readdir(options.dir)).filter((f) => /^v\d+(-lora)?\.gguf$/.test(f)).sort()
-    for (const f of files.slice(0, -2)) await fs.rm(path.join(options.dir, f), { force: true })
+    // keep the newest two versions' files and the base they use (llama.cpp maps what it loaded; an unlinked file stays
+    // readable while mapped)
+    const names = await fs.readdir(options.dir)
+    const versions = names.filter((f) => /^v\d+(-lora)?\.gguf$/.test(f)).sort()
+    const bases = names.filter((f) => /^v\d+-base\.gguf$/.test(f) && path.join(options.dir, f) !== baseFile)
+    for (const f of [...versions.slice(0, -2), ...bases]) await fs.rm(path.join(options.dir, f), { force: true })
   }
   /** The model's weights as they are now: the base (once, in a LoRA run) and the adapters. */
   const readModel = async () => {
-    if (!loraRun || !baseWritten) {
+    if (!loraRun || baseFile === undefined) {
       arrays = new Map((await Transformer.toHfArrays(options.model)).map((a) => [a.name, a]))
     }
     if (loraRun) adapter = await Lora.toWeights(options.model)
@@ -297,7 +305,7 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
           snapshot.names.forEach((name, i) =>
             arrays.set(name, { name, shape: snapshot.shapes[i]!, data: snapshot.data[i]! })
           )
-          baseWritten = false // a LoRA run's base is written again if it ever changes
+          baseFile = undefined // a LoRA run's base is written again if it ever changes
         }
         await load(snapshot.version)
       },

@@ -158,9 +158,33 @@ describe("LlamaCppEngine", () => {
             Lora.attachWeights(model, yield* Effect.promise(() => randomAdapter(9)))
             yield* localEngine.updateWeights({ version: PolicyVersion.make(9), names: [], shapes: [], data: [] })
             yield* llamaEngine.updateWeights({ version: PolicyVersion.make(5), names: [], shapes: [], data: [] })
-            yield* compare(5)
+            const fifth = yield* compare(5)
             // the base once, and the newest two versions' adapters
-            assert.deepStrictEqual(fs.readdirSync(dir).sort(), ["base.gguf", "v000004-lora.gguf", "v000005-lora.gguf"])
+            assert.deepStrictEqual(fs.readdirSync(dir).sort(), [
+              "v000000-base.gguf",
+              "v000004-lora.gguf",
+              "v000005-lora.gguf"
+            ])
+            // a snapshot that changes the base: written again under a new name (the worker shares a loaded model
+            // between the versions that name the same file, so the old name would keep the old base)
+            const prng = Prng.make(11)
+            const changed = (yield* Effect.promise(() => Transformer.toHfArrays(model))).filter((a) =>
+              a.name.includes("mlp.down_proj")
+            )
+            const baseSnapshot = {
+              names: changed.map((a) => a.name),
+              shapes: changed.map((a) => a.shape),
+              data: changed.map((a) => a.data.map((x) => x + (2 * prng.next() - 1) * 0.3))
+            }
+            yield* localEngine.updateWeights({ version: PolicyVersion.make(10), ...baseSnapshot })
+            yield* llamaEngine.updateWeights({ version: PolicyVersion.make(6), ...baseSnapshot })
+            const sixth = yield* compare(6)
+            assert.isTrue(sixth.some((r, i) => r.tokens.join() !== fifth[i]!.tokens.join()))
+            assert.deepStrictEqual(fs.readdirSync(dir).sort(), [
+              "v000005-lora.gguf",
+              "v000006-base.gguf",
+              "v000006-lora.gguf"
+            ])
           })
         )
       )
