@@ -175,21 +175,60 @@ void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, 
   for (; i0 < M; i0++) smallRows<1, 4>(N, K, A, B, C, i0, n0, n1);
 }
 
-// B stored [N, K] (transposeB): C[i, j] = A[i, :] · B[j, :], dot products over contiguous rows.
-void smallGemmNT(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
-  for (int j = n0; j < n1; j++) {
-    const float* b = B + (int64_t)j * K;
-    for (int i = 0; i < M; i++) {
-      const float* a = A + (int64_t)i * K;
-      float part[16] = {0};
-      int k = 0;
-      for (; k + 16 <= K; k += 16)
-        for (int t = 0; t < 16; t++) part[t] += a[k + t] * b[k + t];
-      float sum = 0.0f;
-      for (; k < K; k++) sum += a[k] * b[k];
-      for (int t = 0; t < 16; t++) sum += part[t];
-      C[(int64_t)i * N + j] = sum;
+// B stored [N, K] (transposeB; a tied LM head's embedding): C[i, j] = A[i, :] · B[j, :], dot products over contiguous
+// rows. JB rows of B × 2 rows of A in 2·JB vector accumulators: each loaded vector feeds JB or 2 products, and the
+// 2·JB independent sums hide the FMA latency (one running sum per output was load- and latency-bound); the JB rows of
+// B stay in L1 while every pair of rows of A passes over them.
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline float hsum(v8 v) {
+  float s = 0.0f;
+  for (int t = 0; t < 8; t++) s += v[t];
+  return s;
+}
+
+typedef float v8u __attribute__((vector_size(32), aligned(4)));  // unaligned loads
+
+template <int IB, int JB>
+static void dotBlock(int N, int K, const float* A, const float* B, float* C, int i0, int j0) {
+  v8 acc[IB][JB] = {};
+  const float* a0 = A + (int64_t)i0 * K;
+  const float* b0 = B + (int64_t)j0 * K;
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    v8 b[JB];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) b[j] = *reinterpret_cast<const v8u*>(b0 + (int64_t)j * K + k);
+#pragma GCC unroll 8
+    for (int i = 0; i < IB; i++) {
+      v8 a = *reinterpret_cast<const v8u*>(a0 + (int64_t)i * K + k);
+#pragma GCC unroll 8
+      for (int j = 0; j < JB; j++) acc[i][j] += a * b[j];
     }
+  }
+  for (int i = 0; i < IB; i++) {
+    const float* a = A + (int64_t)(i0 + i) * K;
+    for (int j = 0; j < JB; j++) {
+      const float* b = B + (int64_t)(j0 + j) * K;
+      float sum = hsum(acc[i][j]);
+      for (int kk = k; kk < K; kk++) sum += a[kk] * b[kk];
+      C[(int64_t)(i0 + i) * N + j0 + j] = sum;
+    }
+  }
+}
+
+void smallGemmNT(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
+  constexpr int JB = 4;
+  int j = n0;
+  for (; j + JB <= n1; j += JB) {
+    int i = 0;
+    for (; i + 2 <= M; i += 2) dotBlock<2, JB>(N, K, A, B, C, i, j);
+    for (; i < M; i++) dotBlock<1, JB>(N, K, A, B, C, i, j);
+  }
+  for (; j < n1; j++) {
+    int i = 0;
+    for (; i + 2 <= M; i += 2) dotBlock<2, 1>(N, K, A, B, C, i, j);
+    for (; i < M; i++) dotBlock<1, 1>(N, K, A, B, C, i, j);
   }
 }
 

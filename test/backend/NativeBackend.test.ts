@@ -102,6 +102,27 @@ describe.skipIf(!available)("native backend", () => {
     }
   })
 
+  it("a bfloat16-stored weight multiplies as its float32 values at decode shapes (few rows, K and N off the blocks)", async () => {
+    for (const [M, K, N] of [
+      [1, 9, 7],
+      [2, 8, 8],
+      [7, 257, 1031],
+      [8, 1024, 520],
+      [16, 24, 2048],
+      [17, 40, 33]
+    ] as const) {
+      const wValues = bf16Exact(K * N, M + K)
+      const x = tf.tensor2d(bf16Exact(M * K, N), [M, K])
+      const plain = tf.tensor2d(wValues, [K, N])
+      const stored = tf.tensor2d(new Float32Array(wValues), [K, N])
+      NativeBackend.storeBf16(stored)
+      const [y, y0] = [tf.matMul(x, stored), tf.matMul(x, plain)]
+      assert.isTrue(NativeBackend.storedBf16(stored))
+      assert.isAtMost(maxDiff(await y.data(), await y0.data()), 1e-4 * Math.sqrt(K), `${M}×${K}×${N}`)
+      tf.dispose([x, plain, stored, y, y0])
+    }
+  })
+
   it("a bfloat16-stored weight multiplies as its float32 values, both ways round, and widens for other ops", async () => {
     const [M, K, N] = [5, 70, 131] // not multiples of the kernel's blocks
     const wValues = bf16Exact(K * N, 1)
