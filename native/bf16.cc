@@ -12,10 +12,16 @@
 
 namespace effect_rl {
 
-typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef float v8fu __attribute__((vector_size(32), aligned(4)));  // unaligned loads and stores
+
+// One bfloat16 value as float32.
+static inline float widen1(uint16_t x) {
+  uint32_t u = (uint32_t)x << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 // 8 bfloat16 values widened to float32 in a register.
 static inline v8f widen8(const uint16_t* p) {
@@ -51,10 +57,7 @@ static void bf16SlabNN(int M, int N, int K, const float* A, const uint16_t* B, f
           v8f x = widen8(src + v);
           std::memcpy(&wb[t][v], &x, sizeof x);
         }
-        for (int v = wv; v < w; v++) {
-          uint32_t u = (uint32_t)src[v] << 16;
-          std::memcpy(&wb[t][v], &u, 4);
-        }
+        for (int v = wv; v < w; v++) wb[t][v] = widen1(src[v]);
       }
       // one row of C at a time: its KG multipliers in registers, 4 column vectors × 2 partial sums = 8 independent
       // FMA chains (one chain per output was FMA-latency-bound at a fifth of the FMA throughput)
@@ -91,12 +94,7 @@ static void bf16SlabNN(int M, int N, int K, const float* A, const uint16_t* B, f
     for (int r = 0; r < M; r++) {
       float ar = A[(int64_t)r * K + k0];
       float* c = acc + (int64_t)r * nw;
-      for (int j = 0; j < nw; j++) {
-        uint32_t u = (uint32_t)src[j] << 16;
-        float f;
-        std::memcpy(&f, &u, 4);
-        c[j] += ar * f;
-      }
+      for (int j = 0; j < nw; j++) c[j] += ar * widen1(src[j]);
     }
   }
   for (int r = 0; r < M; r++) std::memcpy(C + (int64_t)r * N + n0, acc + (int64_t)r * nw, sizeof(float) * nw);

@@ -179,29 +179,25 @@ void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, 
 // rows. JB rows of B × 2 rows of A in 2·JB vector accumulators: each loaded vector feeds JB or 2 products, and the
 // 2·JB independent sums hide the FMA latency (one running sum per output was load- and latency-bound); the JB rows of
 // B stay in L1 while every pair of rows of A passes over them.
-typedef float v8 __attribute__((vector_size(32)));
-
-static inline float hsum(v8 v) {
+static inline float hsum(v8f v) {
   float s = 0.0f;
   for (int t = 0; t < 8; t++) s += v[t];
   return s;
 }
 
-typedef float v8u __attribute__((vector_size(32), aligned(4)));  // unaligned loads
-
 template <int IB, int JB>
 static void dotBlock(int N, int K, const float* A, const float* B, float* C, int i0, int j0) {
-  v8 acc[IB][JB] = {};
+  v8f acc[IB][JB] = {};
   const float* a0 = A + (int64_t)i0 * K;
   const float* b0 = B + (int64_t)j0 * K;
   int k = 0;
   for (; k + 8 <= K; k += 8) {
-    v8 b[JB];
+    v8f b[JB];
 #pragma GCC unroll 8
-    for (int j = 0; j < JB; j++) b[j] = *reinterpret_cast<const v8u*>(b0 + (int64_t)j * K + k);
+    for (int j = 0; j < JB; j++) b[j] = *reinterpret_cast<const v8fu*>(b0 + (int64_t)j * K + k);
 #pragma GCC unroll 8
     for (int i = 0; i < IB; i++) {
-      v8 a = *reinterpret_cast<const v8u*>(a0 + (int64_t)i * K + k);
+      v8f a = *reinterpret_cast<const v8fu*>(a0 + (int64_t)i * K + k);
 #pragma GCC unroll 8
       for (int j = 0; j < JB; j++) acc[i][j] += a * b[j];
     }

@@ -17,6 +17,10 @@ void openblas_set_num_threads(int);
 
 namespace effect_rl {
 
+// 8 floats in a vector register: `v8f` for aligned memory and values, `v8fu` to load or store at any float address.
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v8fu __attribute__((vector_size(32), aligned(4)));
+
 // At most this many rows of C: smallGemmNN / smallGemmNT, which stream B once, beat a BLAS call (which packs all of B).
 constexpr int kSmallM = 16;
 

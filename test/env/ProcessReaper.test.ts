@@ -7,6 +7,15 @@ import { spawn } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
 
+/** The fields of /proc/PID/stat after the command name (state first, then ppid, pgrp, …); undefined once it is gone. */
+const statFields = (pid: number | string): Array<string> | undefined => {
+  try {
+    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ")
+  } catch {
+    return undefined
+  }
+}
+
 /** Running (a zombie waiting for its parent to reap it counts as gone). */
 const alive = (pid: number): boolean => {
   try {
@@ -14,11 +23,8 @@ const alive = (pid: number): boolean => {
   } catch {
     return false
   }
-  try {
-    return readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "Z"
-  } catch {
-    return false
-  }
+  const state = statFields(pid)?.[0]
+  return state !== undefined && state !== "Z"
 }
 
 // a process that starts two `sleep` process groups, registers both, forgets the second, and a third group whose leader
@@ -41,13 +47,7 @@ setInterval(() => {}, 1000)
 const members = (pgid: number): Array<number> =>
   readdirSync("/proc")
     .filter((d) => /^\d+$/.test(d))
-    .filter((d) => {
-      try {
-        return readFileSync(`/proc/${d}/stat`, "utf8").split(") ")[1]?.split(" ")[2] === String(pgid)
-      } catch {
-        return false
-      }
-    })
+    .filter((d) => statFields(d)?.[2] === String(pgid))
     .map(Number)
 
 describe("ProcessReaper", () => {
