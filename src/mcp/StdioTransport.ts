@@ -97,17 +97,18 @@ export class ChildStdioTransport implements Transport {
         detached: true // own process group: close() can kill the server and everything it started
       })
       this.child = child
+      // Registered before anything else runs: the 'spawn' event comes a tick later, after whatever else this tick
+      // spawns (an env pool starts its servers together, each a fork and exec), and a SIGKILL in between left a
+      // server the reaper never heard of, with the grandchild it started.
+      if (child.pid !== undefined) {
+        liveGroups.add(child.pid)
+        ProcessReaper.register(child.pid) // killed even if this process is SIGKILLed
+      }
       child.once("error", (error) => {
         reject(error)
         this.onerror?.(error)
       })
-      child.once("spawn", () => {
-        if (child.pid !== undefined) {
-          liveGroups.add(child.pid)
-          ProcessReaper.register(child.pid) // killed even if this process is SIGKILLed
-        }
-        resolve()
-      })
+      child.once("spawn", () => resolve())
       child.once("exit", (code, signal) => {
         this.exit = { code, signal }
         if (child.pid !== undefined) {
