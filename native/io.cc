@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "abi.generated.h"
 #include "pool.h"
@@ -67,6 +67,44 @@ inline float widen(const uint8_t* src, int64_t i, int dtype) {
   return dtype == 1 ? bf16ToF32(h) : f16ToF32(h);
 }
 
+// block[r, c] for one dtype (0 float32, 1 bfloat16, 2 float16): a constant dtype leaves no branch in the loops below.
+template <int D>
+inline float widenAs(const uint8_t* src, int64_t i) {
+  return widen(src, i, D);
+}
+
+// out [cols, rows] (a column of `rows` floats per source column): out[c · rows + r0 + r] = block[r, c] for the nr
+// rows of this block, in 64 × 64 tiles split over the pool by columns.
+template <int D>
+void transposeBlock(const uint8_t* src, float* out, int64_t rows, int64_t cols, int64_t r0, int64_t nr) {
+  constexpr int64_t tile = 64;
+  int64_t colTiles = (cols + tile - 1) / tile;
+  pool.parallelFor(colTiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      int64_t c0 = t * tile, c1 = std::min(cols, c0 + tile);
+      for (int64_t rb = 0; rb < nr; rb += tile) {
+        int64_t rEnd = std::min(nr, rb + tile);
+        for (int64_t c = c0; c < c1; c++) {
+          float* dst = out + c * rows + r0;
+          for (int64_t r = rb; r < rEnd; r++) dst[r] = widenAs<D>(src, r * cols + c);
+        }
+      }
+    }
+  });
+}
+
+// The block buffer of this thread's loads: kept from call to call and never zeroed (pread fills what is used). A
+// fresh 16 MB vector per tensor was zeroed and faulted in page by page: a tenth of a 0.6B checkpoint's load.
+uint8_t* readBuffer(size_t bytes) {
+  thread_local std::unique_ptr<uint8_t[]> buffer;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    buffer.reset(new uint8_t[bytes]);
+    capacity = bytes;
+  }
+  return buffer.get();
+}
+
 }  // namespace
 
 napi_value LoadTensor(Args& args, const LoadTensorArgs& in) {
@@ -90,13 +128,13 @@ napi_value LoadTensor(Args& args, const LoadTensorArgs& in) {
   // Blocks of whole rows, about 16 MB each: read once, widened (and transposed) by the pool.
   int64_t rowBytes = std::max<int64_t>(1, cols * elem);
   int64_t blockRows = std::max<int64_t>(1, (16 << 20) / rowBytes);
-  std::vector<uint8_t> buffer((size_t)(std::min(rows, blockRows) * rowBytes));
+  uint8_t* buffer = readBuffer((size_t)(std::min(rows, blockRows) * rowBytes));
   int64_t total = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += blockRows) {
     int64_t nr = std::min(blockRows, rows - r0);
     size_t want = (size_t)(nr * cols * elem), got = 0;
     while (got < want) {
-      ssize_t n = pread(fd, buffer.data() + got, want - got, (off_t)(in.offset + total + (int64_t)got));
+      ssize_t n = pread(fd, buffer + got, want - got, (off_t)(in.offset + total + (int64_t)got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         std::string why = n < 0 ? std::strerror(errno) : "the file ends before the tensor does";
@@ -108,7 +146,7 @@ napi_value LoadTensor(Args& args, const LoadTensorArgs& in) {
       }
       got += (size_t)n;
     }
-    const uint8_t* src = buffer.data();
+    const uint8_t* src = buffer;
     if (!in.transpose) {
       float* dst = out + r0 * cols;
       int64_t n = nr * cols;
@@ -126,21 +164,9 @@ napi_value LoadTensor(Args& args, const LoadTensorArgs& in) {
         });
       }
     } else {
-      // out [cols, rows]: out[c · rows + r0 + r] = block[r, c], in 64 × 64 tiles
-      constexpr int64_t tile = 64;
-      int64_t colTiles = (cols + tile - 1) / tile;
-      pool.parallelFor(colTiles, 1, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; t++) {
-          int64_t c0 = t * tile, c1 = std::min(cols, c0 + tile);
-          for (int64_t rb = 0; rb < nr; rb += tile) {
-            int64_t rEnd = std::min(nr, rb + tile);
-            for (int64_t c = c0; c < c1; c++) {
-              float* dst = out + c * rows + r0;
-              for (int64_t r = rb; r < rEnd; r++) dst[r] = widen(src, r * cols + c, dtype);
-            }
-          }
-        }
-      });
+      if (dtype == 0) transposeBlock<0>(src, out, rows, cols, r0, nr);
+      else if (dtype == 1) transposeBlock<1>(src, out, rows, cols, r0, nr);
+      else transposeBlock<2>(src, out, rows, cols, r0, nr);
     }
     total += (int64_t)want;
   }
