@@ -162,7 +162,10 @@ static void smallRowsWide(int N, int K, const float* A, const float* B, float* C
 }
 
 void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, int n0, int n1) {
-  if (N >= 256) {
+  // Only a B that does not stay in L2 (more than 2 MB) is streamed by rows: one that does is read fastest down its
+  // column panels with the accumulators in registers (a small model's [8, 1024] x [1024, 256]: 24 us against 86 us
+  // streamed, whose accumulators live in L1 and are loaded and stored at every k).
+  if (N >= 256 && (int64_t)K * N > (int64_t)1 << 19) {
     int i0 = 0;
     for (; i0 + 8 <= M; i0 += 8) smallRowsWide<8>(N, K, A, B, C, i0, n0, n1);
     for (; i0 + 4 <= M; i0 += 4) smallRowsWide<4>(N, K, A, B, C, i0, n0, n1);
