@@ -67,14 +67,9 @@ inline float widen(const uint8_t* src, int64_t i, int dtype) {
   return dtype == 1 ? bf16ToF32(h) : f16ToF32(h);
 }
 
-// block[r, c] for one dtype (0 float32, 1 bfloat16, 2 float16): a constant dtype leaves no branch in the loops below.
-template <int D>
-inline float widenAs(const uint8_t* src, int64_t i) {
-  return widen(src, i, D);
-}
-
 // out [cols, rows] (a column of `rows` floats per source column): out[c · rows + r0 + r] = block[r, c] for the nr
-// rows of this block, in 64 × 64 tiles split over the pool by columns.
+// rows of this block, in 64 × 64 tiles split over the pool by columns. One copy per dtype D (0 float32, 1 bfloat16,
+// 2 float16): `widen` with a constant dtype leaves no branch in the loops.
 template <int D>
 void transposeBlock(const uint8_t* src, float* out, int64_t rows, int64_t cols, int64_t r0, int64_t nr) {
   constexpr int64_t tile = 64;
@@ -86,7 +81,7 @@ void transposeBlock(const uint8_t* src, float* out, int64_t rows, int64_t cols, 
         int64_t rEnd = std::min(nr, rb + tile);
         for (int64_t c = c0; c < c1; c++) {
           float* dst = out + c * rows + r0;
-          for (int64_t r = rb; r < rEnd; r++) dst[r] = widenAs<D>(src, r * cols + c);
+          for (int64_t r = rb; r < rEnd; r++) dst[r] = widen(src, r * cols + c, D);
         }
       }
     }

@@ -98,8 +98,8 @@ export class ChildStdioTransport implements Transport {
       })
       this.child = child
       // Registered before anything else runs: the 'spawn' event comes a tick later, after whatever else this tick
-      // spawns (an env pool starts its servers together, each a fork and exec), and a SIGKILL in between left a
-      // server the reaper never heard of, with the grandchild it started.
+      // spawns (envs that open together each fork and exec a server), and a SIGKILL in between left a server the
+      // reaper never heard of, with the grandchild it started.
       if (child.pid !== undefined) {
         liveGroups.add(child.pid)
         ProcessReaper.register(child.pid) // killed even if this process is SIGKILLed

@@ -1,8 +1,8 @@
 /**
  * The addon's checkpoint reader (src/native/TensorFile.ts) against the JS reader (Checkpoint.jsReader): the same
  * float32 values, bit for bit (a NaN may differ in payload: JS reads a float32 through a number), for F32, BF16 and F16
- * tensors, as stored and transposed, at shapes off its 64 × 64 tiles
- * and at one that takes two 16 MB read blocks, read in an order that grows and reuses its block buffer.
+ * tensors, as stored and transposed, at shapes off its 64 × 64 tiles and at one that takes two 16 MB read blocks, read
+ * in an order that grows and reuses its block buffer.
  */
 import * as fs from "node:fs"
 import * as os from "node:os"
