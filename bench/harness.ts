@@ -20,6 +20,7 @@ import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import type * as WebGpu from "../src/backend/WebGpu.ts"
 import * as BackendConfig from "../src/config/BackendConfig.ts"
 import * as Checkpoint from "../src/model/Checkpoint.ts"
+import * as Decoder from "../src/model/Decoder.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Transformer from "../src/model/Transformer.ts"
 import * as NativeKernels from "../src/native/NativeKernels.ts"
@@ -59,7 +60,7 @@ export const benchModel = async (
   TensorBackend.checkModelFits(config, use) // a backend that cannot hold it says so, before loading
   const { model } = await TensorFile.load(dir, store === undefined ? {} : { store })
   // one tiny forward so the upload of the weights counts as loading, not as the first step
-  const probe = tf.tidy(() => Transformer.forward(model, { ids: [[1, 2]] }))
+  const probe = tf.tidy(() => Decoder.forward(model, { ids: [[1, 2]] }))
   await probe.data()
   probe.dispose()
   return { model, name: path.basename(path.resolve(dir)), loadSeconds: (performance.now() - start) / 1000 }

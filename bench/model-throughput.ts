@@ -17,6 +17,7 @@ import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import { InferenceEngine } from "../src/inference/InferenceEngine.ts"
 import * as LocalEngine from "../src/inference/LocalEngine.ts"
+import * as Decoder from "../src/model/Decoder.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
@@ -49,7 +50,7 @@ const time = async (name: string, run: () => void | Promise<void>): Promise<numb
 
 const forwardS = await time("forward", () => {
   tf.tidy(() => {
-    Transformer.forward(model, { ids }).dataSync()
+    Decoder.forward(model, { ids }).dataSync()
   })
 })
 

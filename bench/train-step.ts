@@ -8,7 +8,7 @@
  * `--base-dtype bf16|f32` (LoRA on the native backend; default bf16): the frozen base stored as bfloat16
  * (Transformer.storeFrozen + NativeBackend.storeBf16; exact for a BF16 checkpoint), as the peer's float32 base is not.
  * `--gradient-checkpointing`: the peer wraps each decoder layer in torch.utils.checkpoint; effect-rl's forward input
- * gets `checkpoint: true` (Transformer.ForwardInput: each decoder layer recomputed in the backward pass).
+ * gets `checkpoint: true` (Decoder.ForwardInput: each decoder layer recomputed in the backward pass).
  *
  * Last stdout line: {"bench":"train-step","threads",…,"effectRl":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb},
  * "torch":{…, peakRssMb} or {"error"},"ratio",…} (ratio = effect-rl throughput / torch throughput; peakRssMb: each
@@ -23,6 +23,7 @@
  */
 import * as tf from "@tensorflow/tfjs"
 import * as NativeBackend from "../src/backend/NativeBackend.ts"
+import type * as Decoder from "../src/model/Decoder.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as Lora from "../src/model/Lora.ts"
 import * as Prng from "../src/model/Prng.ts"
@@ -70,7 +71,7 @@ export const run = async (): Promise<void> => {
   const optimizer = backend.kernels === "native" ? NativeKernels.adam(1e-4) : tf.train.adam(1e-4)
   const variables = Transformer.trainableVariables(model)
   const trainable = variables.reduce((n, v) => n + v.size, 0)
-  const input: Transformer.ForwardInput = { ids, checkpoint: checkpointing }
+  const input: Decoder.ForwardInput = { ids, checkpoint: checkpointing }
   const step = async () => {
     const loss = optimizer.minimize(
       () => tf.neg(tf.mean(LogProbs.ofSequences(model, input).logprobs)) as tf.Scalar,

@@ -7,17 +7,19 @@
  *
  * Run: npm run bench -- webgpu-parity [--steps 100] [--layers 2] [--hidden 64] [--vocab 320]
  * Last stdout line: {"bench":"webgpu-parity","adapter",…,"maxAbsDiff":{logits,decode,logprobs,…},"leak":{…}}.
- * test/backend/webgpu.test.ts runs `compare` on lavapipe; on a GPU machine the same program runs on the GPU.
+ * test/e2e/WebGpu.test.ts runs `compare` on lavapipe; on a GPU machine the same program runs on the GPU.
  */
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import * as WebGpu from "../src/backend/WebGpu.ts"
 import type { OptimizerConfig } from "../src/config/TrainerConfig.ts"
+import * as Decoder from "../src/model/Decoder.ts"
 import * as KvCache from "../src/model/KvCache.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"
 import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Transformer from "../src/model/Transformer.ts"
+import * as WeightView from "../src/model/WeightView.ts"
 import * as Optimizer from "../src/trainer/Optimizer.ts"
 
 export interface Shape {
@@ -125,8 +127,8 @@ const lossOf = (model: Transformer.Transformer, fusedAbove?: number) => () =>
 export const valuesOn = async (shape: Shape = defaultShape): Promise<Values> => {
   const model = Transformer.init(configOf(shape), 7, 0.2)
   try {
-    const logits = await read(tf.tidy(() => Transformer.forward(model, { ids, attentionMask })))
-    const view = Transformer.inferenceView(model)
+    const logits = await read(tf.tidy(() => Decoder.forward(model, { ids, attentionMask })))
+    const view = WeightView.inference(model)
     let stepped = await KvCache.prefill(model, view, [ids[0]!.slice(0, 6), ids[1]!.slice(3, 6)])
     const decodeParts = [stepped.logits]
     for (const next of [
@@ -137,7 +139,7 @@ export const valuesOn = async (shape: Shape = defaultShape): Promise<Values> => 
       decodeParts.push(stepped.logits)
     }
     KvCache.dispose(stepped.cache)
-    Transformer.disposeView(view)
+    WeightView.dispose(view)
     const decode = new Float32Array(decodeParts.flatMap((p) => Array.from(p)))
 
     const plain = LogProbs.ofSequences(model, { ids, attentionMask }, { entropy: true }) // tidied inside

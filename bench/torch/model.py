@@ -1,4 +1,4 @@
-"""The PyTorch peer of effect-rl's transformer (src/model/Transformer.ts): the Qwen3 / Qwen2 / Llama decoder —
+"""The PyTorch peer of effect-rl's transformer (src/model/Decoder.ts): the Qwen3 / Qwen2 / Llama decoder —
 RMSNorm pre-norm blocks, grouped-query attention with RoPE (HF rotate_half; llama3 frequency scaling when the config
 has it), RMSNorm on q and k over head_dim (Qwen3), q/k/v biases (Qwen2, or `attention_bias`), SiLU-gated MLP, tied or
 separate LM head, fp32. Written with plain torch ops, as a small PyTorch training loop would be.

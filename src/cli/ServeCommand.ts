@@ -2,12 +2,12 @@
  * `serve --model DIR [--served-model-name NAME] [--host 127.0.0.1] [--port 8000] [--token-env EFFECT_RL_SERVE_TOKEN] [--watch DIR]
  * [--max-model-len N] [--max-request-bytes B] [--max-n N] [--enable-lora [--max-loras N]] [--enable-weight-reload]`: an OpenAI-compatible
  * inference server over a HF checkpoint directory (composed in layers/Serve.ts: a LocalEngine inside; routes, wire
- * shapes and request limits in inference/OpenAiServer.ts). `POST /v1/weights` takes new weights from a trainer
+ * shapes and request limits in serve/OpenAiServer.ts). `POST /v1/weights` takes new weights from a trainer
  * (sync/HttpWeightSync.ts) and is open only when the environment variable named by `--token-env` holds a token;
  * `--watch DIR` also loads the versions a FileWeightSync writes there. `--enable-lora` (or vLLM's
  * `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in the environment) opens vLLM's `/v1/load_lora_adapter` and
  * `/v1/unload_lora_adapter`. `--enable-weight-reload` (or vLLM's `VLLM_SERVER_DEV_MODE=1`) opens vLLM's and SGLang's
- * weight-update endpoints (inference/DialectRoutes.ts), so a run with `generator.engine.dialect: vllm | sglang` can
+ * weight-update endpoints (serve/DialectRoutes.ts), so a run with `generator.engine.dialect: vllm | sglang` can
  * use this server in place of either.
  * `--model` is read as `eval --model` reads it: a checkpoint, a run directory (its latest checkpoint) or a
  * `checkpoints/latest` pointer. Binds 127.0.0.1 unless told otherwise; a port in use is a named error. The last stdout line, once listening, is
@@ -16,8 +16,8 @@
 import { Config, Console, Effect, Option, Redacted } from "effect"
 import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
-import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Serve from "../layers/Serve.ts"
+import * as OpenAiServer from "../serve/OpenAiServer.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 
 export const command = Command.make(

@@ -35,7 +35,8 @@ import * as KvCache from "../model/KvCache.ts"
 import * as PrefixCache from "../model/PrefixCache.ts"
 import * as Sampling from "../model/Sampling.ts"
 import * as Snapshot from "../model/Snapshot.ts"
-import * as Transformer from "../model/Transformer.ts"
+import type * as Transformer from "../model/Transformer.ts"
+import * as WeightView from "../model/WeightView.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
 
 export interface LocalEngineOptions {
@@ -87,6 +88,7 @@ const internal = (cause: unknown) =>
     message: cause instanceof Error ? cause.message : String(cause)
   })
 
+// biome-ignore lint/complexity/noExcessiveLinesPerFunction: a make closure is its service's class (400 lines at most)
 export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   const { model } = options
   const maxBatch = options.maxBatch ?? 64
@@ -96,7 +98,7 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
     ...(options.logprobsMode !== undefined ? { logprobsMode: options.logprobsMode } : {})
   }
   let version: PolicyVersion.PolicyVersion = options.initialVersion ?? PolicyVersion.initial
-  let view: { readonly version: number; readonly view: Transformer.WeightView } | undefined
+  let view: { readonly version: number; readonly view: WeightView.WeightView } | undefined
   let running: Array<Running> = []
   let cache: KvCache.KvCache | undefined
   let waiting: Array<Submission> = []
@@ -107,15 +109,15 @@ export const make = Effect.fnUntraced(function* (options: LocalEngineOptions) {
   const notPaused = yield* Latch.make(true)
   const stepping = yield* Semaphore.make(1) // one scheduler iteration or one weight update at a time
 
-  const currentView = (): Transformer.WeightView => {
+  const currentView = (): WeightView.WeightView => {
     if (view === undefined || view.version !== version) {
-      if (view !== undefined) Transformer.disposeView(view.view)
-      view = { version, view: Transformer.inferenceView(model) }
+      if (view !== undefined) WeightView.dispose(view.view)
+      view = { version, view: WeightView.inference(model) }
     }
     return view.view
   }
   const dropView = () => {
-    if (view !== undefined) Transformer.disposeView(view.view)
+    if (view !== undefined) WeightView.dispose(view.view)
     view = undefined
   }
 

@@ -28,8 +28,8 @@ import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import type * as Transformer from "../model/Transformer.ts"
 import type { HfFiles, TokenizerImpl } from "../tokenizer/Tokenizer.ts"
+import * as WeightBoard from "../weights/WeightBoard.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
-import * as WeightBoard from "./WeightBoard.ts"
 
 export type PauseMode = "abort" | "keep" | "wait"
 

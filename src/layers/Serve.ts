@@ -1,9 +1,9 @@
 /**
  * The composition of `serve`: a HF checkpoint directory loaded into a LocalEngine behind the OpenAI-compatible HTTP
- * app (inference/OpenAiServer.ts), with the request limits checked against the checkpoint, an optional
- * FileWeightSync watch and, with `enableLora`, LoRA adapters loaded at run time (inference/AdapterRegistry.ts: one
+ * app (serve/OpenAiServer.ts), with the request limits checked against the checkpoint, an optional
+ * FileWeightSync watch and, with `enableLora`, LoRA adapters loaded at run time (serve/AdapterRegistry.ts: one
  * LocalEngine per adapter over the base's weights) and, with `weightReload`, vLLM's and SGLang's weight-update endpoints
- * (inference/DialectRoutes.ts: reload full weights from a HF directory). The tensor backend must be initialised already.
+ * (serve/DialectRoutes.ts: reload full weights from a HF directory). The tensor backend must be initialised already.
  *
  * When the checkpoint is a run's (`<run>/checkpoints/step-N` beside `<run>/config.yaml`), a chat request's `tools` are
  * put in the prompt as that run's `environment.tool_prompt` put them in front of the policy in training: `template`
@@ -21,16 +21,17 @@ import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import type { Message } from "../domain/Message.ts"
 import * as McpToolEnv from "../env/McpToolEnv.ts"
 import type * as ToolCallParser from "../env/ToolCallParser.ts"
-import * as AdapterRegistry from "../inference/AdapterRegistry.ts"
-import * as DialectRoutes from "../inference/DialectRoutes.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
-import * as OpenAiServer from "../inference/OpenAiServer.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as HfCache from "../model/HfCache.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as TensorFile from "../native/TensorFile.ts"
+import * as AdapterRegistry from "../serve/AdapterRegistry.ts"
+import * as ChatCompletions from "../serve/ChatCompletions.ts"
+import * as DialectRoutes from "../serve/DialectRoutes.ts"
+import * as OpenAiServer from "../serve/OpenAiServer.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
@@ -55,7 +56,7 @@ export interface ServeOptions {
   readonly enableLora?: boolean
   /** With `enableLora`: the most adapters held at once; loads past it are refused. Default unbounded. */
   readonly maxLoras?: number
-  /** Open vLLM's and SGLang's weight-update endpoints (inference/DialectRoutes.ts): reload from a HF directory. */
+  /** Open vLLM's and SGLang's weight-update endpoints (serve/DialectRoutes.ts): reload from a HF directory. */
   readonly weightReload?: boolean
 }
 
@@ -172,16 +173,16 @@ export const start = Effect.fnUntraced(function* (given: ServeOptions) {
 const toolPromptOf = (checkpoint: string) =>
   Effect.gen(function* () {
     const dir = path.resolve(checkpoint)
-    if (path.basename(path.dirname(dir)) !== "checkpoints") return OpenAiServer.templateTools
+    if (path.basename(path.dirname(dir)) !== "checkpoints") return ChatCompletions.templateTools
     const file = path.join(path.dirname(path.dirname(dir)), RunDirectory.configFile)
     const raw = yield* RunConfigLoader.readFile(file).pipe(Effect.option)
-    if (raw._tag === "None") return OpenAiServer.templateTools
+    if (raw._tag === "None") return ChatCompletions.templateTools
     const environment = (raw.value["environment"] ?? {}) as Record<string, unknown>
     const style = environment["tool_prompt"] ?? "system"
     const format = (environment["tool_call_format"] ?? "auto") as ToolCallParser.Format
     switch (style) {
       case "none":
-        return ((messages) => ({ messages, tools: [] })) satisfies OpenAiServer.ToolPrompt
+        return ((messages) => ({ messages, tools: [] })) satisfies ChatCompletions.ToolPrompt
       case "system":
       case "compact": {
         const chosen = style as "system" | "compact"
@@ -203,10 +204,10 @@ const toolPromptOf = (checkpoint: string) =>
             )
           ),
           tools: []
-        })) satisfies OpenAiServer.ToolPrompt
+        })) satisfies ChatCompletions.ToolPrompt
       }
       default:
-        return OpenAiServer.templateTools
+        return ChatCompletions.templateTools
     }
   })
 

@@ -160,6 +160,7 @@ const stderrLog = Effect.fnUntraced(function* (config: McpServerConfig, scope: S
  * A connection to one server, opened on its first call (or by `ensure`); `initialTools` is the tool list until then
  * (a per-trajectory connection starts with its server's listing). The scope closes it.
  */
+// biome-ignore lint/complexity/noExcessiveLinesPerFunction: a make closure is its service's class (400 lines at most)
 export const make = Effect.fnUntraced(function* (
   config: McpServerConfig,
   options: ConnectionOptions,

@@ -9,11 +9,13 @@
  * already cached stay as the old weights computed them, which is what in-flight weight updates in vLLM do too).
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Decoder from "./Decoder.ts"
 import * as Fused from "./Fused.ts"
-import * as Transformer from "./Transformer.ts"
+import type * as Transformer from "./Transformer.ts"
+import type * as WeightView from "./WeightView.ts"
 
 export interface KvCache {
-  readonly layers: ReadonlyArray<Transformer.LayerCache> // per layer: keys, values [B, C ≥ L, Hkv, hd] (L slots used)
+  readonly layers: ReadonlyArray<Decoder.LayerCache> // per layer: keys, values [B, C ≥ L, Hkv, hd] (L slots used)
   readonly keyMask: Uint8Array // [B, L] row-major, 1 = real token
   readonly nextPosition: Int32Array // [B], RoPE position of each row's next token (= its real-token count)
   readonly batch: number // B
@@ -30,7 +32,7 @@ export interface Stepped {
  * is async because the webgpu backend has no synchronous one in Node. Disposes `hidden`.
  */
 const lastLogits = async (
-  view: Transformer.WeightView,
+  view: WeightView.WeightView,
   hidden: tf.Tensor2D,
   B: number,
   T: number
@@ -41,7 +43,7 @@ const lastLogits = async (
       T === 1
         ? hidden
         : (tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [B, D]) as tf.Tensor2D) // [B, D]
-    return Transformer.logitsOf(view, last) // [B, V]
+    return Decoder.logitsOf(view, last) // [B, V]
   })
   hidden.dispose()
   return (await logits.data().finally(() => logits.dispose())) as Float32Array
@@ -53,7 +55,7 @@ const lastLogits = async (
  */
 export const prefill = async (
   model: Transformer.Transformer,
-  view: Transformer.WeightView,
+  view: WeightView.WeightView,
   prompts: ReadonlyArray<ReadonlyArray<number>>
 ): Promise<Stepped> => {
   const firstIndex = new Map<string, number>()
@@ -78,7 +80,7 @@ export const prefill = async (
 
 const prefillRows = async (
   model: Transformer.Transformer,
-  view: Transformer.WeightView,
+  view: WeightView.WeightView,
   prompts: ReadonlyArray<ReadonlyArray<number>>
 ): Promise<Stepped> => {
   const B = prompts.length
@@ -93,9 +95,9 @@ const prefillRows = async (
       keyMask[b * P + pad + t] = 1
     })
   })
-  const positions = Transformer.positionsFromMask(keyMask, B, P)
+  const positions = Decoder.positionsFromMask(keyMask, B, P)
   const out = tf.tidy(() => {
-    const step = Transformer.step(model, view, { ids: tf.tensor2d(ids, [B, P], "int32"), keyMask, positions })
+    const step = Decoder.step(model, view, { ids: tf.tensor2d(ids, [B, P], "int32"), keyMask, positions })
     return { hidden: step.hidden, keys: step.cache.map((c) => c.keys), values: step.cache.map((c) => c.values) }
   })
   const logits = await lastLogits(view, out.hidden, B, P)
@@ -114,7 +116,7 @@ const prefillRows = async (
 /** Append one token per row; returns the next-token logits. Disposes the old cache's tensors. */
 export const extend = async (
   model: Transformer.Transformer,
-  view: Transformer.WeightView,
+  view: WeightView.WeightView,
   cache: KvCache,
   tokens: ArrayLike<number>
 ): Promise<Stepped> => {
@@ -126,7 +128,7 @@ export const extend = async (
     keyMask[b * L + L - 1] = 1
   }
   const out = tf.tidy(() => {
-    const step = Transformer.step(model, view, {
+    const step = Decoder.step(model, view, {
       ids: tf.tensor2d(Int32Array.from(tokens), [B, 1], "int32"),
       keyMask,
       positions: cache.nextPosition,
@@ -188,9 +190,9 @@ export const dispose = (cache: KvCache): void => {
 }
 
 /** Left-pad a cache to length L with masked-out zero keys/values (alignment of real tokens is kept on the right). */
-const padTo = (cache: KvCache, L: number): { layers: Array<Transformer.LayerCache>; keyMask: Uint8Array } => {
+const padTo = (cache: KvCache, L: number): { layers: Array<Decoder.LayerCache>; keyMask: Uint8Array } => {
   const pad = L - cache.length
-  const valid = (c: Transformer.LayerCache) => ({
+  const valid = (c: Decoder.LayerCache) => ({
     keys: Fused.validSlots(c.keys, cache.length),
     values: Fused.validSlots(c.values, cache.length)
   })
@@ -310,7 +312,7 @@ export const prefixOf = (cache: KvCache, tokens: number): KvCache => {
  */
 export const append = async (
   model: Transformer.Transformer,
-  view: Transformer.WeightView,
+  view: WeightView.WeightView,
   cache: KvCache,
   suffixes: ReadonlyArray<ReadonlyArray<number>>
 ): Promise<Stepped> => {
@@ -332,7 +334,7 @@ export const append = async (
     })
   })
   const out = tf.tidy(() => {
-    const step = Transformer.step(model, view, {
+    const step = Decoder.step(model, view, {
       ids: tf.tensor2d(ids, [B, S], "int32"),
       keyMask,
       positions,

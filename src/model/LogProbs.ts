@@ -20,8 +20,10 @@
  * decoder layer keeps only its input and is recomputed in the backward pass (Recompute.ts).
  */
 import * as tf from "@tensorflow/tfjs"
+import * as Decoder from "./Decoder.ts"
 import * as Fused from "./Fused.ts"
-import * as Transformer from "./Transformer.ts"
+import type * as Transformer from "./Transformer.ts"
+import * as WeightView from "./WeightView.ts"
 
 export interface Options {
   readonly temperature?: number // τ, default 1
@@ -154,18 +156,18 @@ const columns = (both: tf.Tensor2D): { readonly logprobs: tf.Tensor1D; readonly 
 /** Per-token log-probs (and entropy) of `input.ids` under the model's current weights. Differentiable. */
 export const ofSequences = (
   model: Transformer.Transformer,
-  input: Transformer.ForwardInput,
+  input: Decoder.ForwardInput,
   options: Options = {}
 ): TokenLogProbs =>
   tf.tidy(() => {
     const tau = options.temperature ?? 1
     if (!(tau > 0)) throw new Error(`LogProbs.ofSequences: temperature must be > 0, got ${tau}`)
-    const view = Transformer.trainingView(model)
-    const prepared = Transformer.prepare(input)
+    const view = WeightView.training(model)
+    const prepared = Decoder.prepare(input)
     const ids = prepared.ids
     const [B, T] = ids.shape
     const D = model.config.hiddenSize
-    const { hidden } = Transformer.step(model, view, prepared) // [B·T, D]
+    const { hidden } = Decoder.step(model, view, prepared) // [B·T, D]
     if (T < 2) {
       const zeros = tf.zeros([B, T]) as tf.Tensor2D
       return options.entropy === true
@@ -209,7 +211,7 @@ export const ofSequences = (
               })
             )
           : fusedHead(scaled, view.head ?? (tf.transpose(view.embed) as tf.Tensor2D), targets, options.chunkRows)
-        : fromLogits(Transformer.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]
+        : fromLogits(Decoder.logitsOf(view, scaled), targets, options.entropy === true) // z / τ  [N, V]
     const pad = (x: tf.Tensor1D): tf.Tensor2D => {
       const full = back === undefined ? x : (tf.gather(tf.concat([tf.zeros([1]), x]), back) as tf.Tensor1D) // [B·(T−1)]
       return tf.concat([tf.zeros([B, 1]), tf.reshape(full, [B, T - 1])], 1) as tf.Tensor2D // [B, T]
@@ -254,9 +256,9 @@ export const topK = async (
   const tau = temperature > 0 ? temperature : 1
   const kept = Math.min(k, model.config.vocabSize)
   const { values, indices } = tf.tidy(() => {
-    const hidden = Transformer.hiddenStates(model, { ids: [ids] }) // [T, D]
+    const hidden = Decoder.hiddenStates(model, { ids: [ids] }) // [T, D]
     const rows = tf.slice(hidden, [from - 1, 0], [positions, hidden.shape[1]]) as tf.Tensor2D // [P, D]
-    const z = tf.div(Transformer.logitsOf(Transformer.trainingView(model), rows), tau) as tf.Tensor2D // [P, V]
+    const z = tf.div(Decoder.logitsOf(WeightView.training(model), rows), tau) as tf.Tensor2D // [P, V]
     return tf.topk(tf.logSoftmax(z), kept) // [P, k]
   })
   const [v, i] = await Promise.all([values.data(), indices.data()]).finally(() => {

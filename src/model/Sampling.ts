@@ -27,9 +27,11 @@
  */
 
 import * as tf from "@tensorflow/tfjs"
+import * as Decoder from "./Decoder.ts"
 import * as KvCache from "./KvCache.ts"
 import * as Prng from "./Prng.ts"
-import * as Transformer from "./Transformer.ts"
+import type * as Transformer from "./Transformer.ts"
+import * as WeightView from "./WeightView.ts"
 
 export interface SamplingParams {
   readonly maxNewTokens: number
@@ -59,7 +61,7 @@ export interface Request {
 }
 
 /**
- * A per-request token mask (e.g. a JSON-schema automaton, inference/StructuredOutput.ts). Before each draw, `mask` sets
+ * A per-request token mask (e.g. a JSON-schema automaton, serve/StructuredOutput.ts). Before each draw, `mask` sets
  * the logits of tokens that may not come next to -Infinity, so greedy and sampled tokens, and their log-probs (both
  * modes), are those of the masked distribution: softmax over the allowed tokens only. `accept` records the drawn token
  * and says whether the constrained output is complete: the row then stops with finish reason `stop` (a stop token the
@@ -197,7 +199,7 @@ const sortedPrefix = (
 /** What produces next-token logits for the active rows: the KV cache or the recompute-everything reference. */
 interface Stepper {
   /** Logits [B_active, V] for the rows' next tokens. `appended` = the token each active row just got (absent first). */
-  readonly next: (view: Transformer.WeightView, appended?: ReadonlyArray<number>) => Promise<Float32Array>
+  readonly next: (view: WeightView.WeightView, appended?: ReadonlyArray<number>) => Promise<Float32Array>
   /** Keep these active-row indices (in order). */
   readonly keep: (rows: ReadonlyArray<number>) => void
   readonly dispose: () => void
@@ -233,13 +235,13 @@ const referenceStepper = (model: Transformer.Transformer, prompts: ReadonlyArray
       const ids = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s])
       const attentionMask = sequences.map((s) => [...new Array<number>(T - s.length).fill(0), ...s.map(() => 1)])
       const logits = tf.tidy(() => {
-        const hidden = Transformer.hiddenStates(model, { ids, attentionMask }, view) // [B·T, D]
+        const hidden = Decoder.hiddenStates(model, { ids, attentionMask }, view) // [B·T, D]
         const D = hidden.shape[1]
         const last = tf.reshape(tf.slice(tf.reshape(hidden, [B, T, D]), [0, T - 1, 0], [B, 1, D]), [
           B,
           D
         ]) as tf.Tensor2D
-        return Transformer.logitsOf(view, last) // [B, V]
+        return Decoder.logitsOf(view, last) // [B, V]
       })
       // read outside the tidy (it would walk every index)
       return (await logits.data().finally(() => logits.dispose())) as Float32Array
@@ -325,14 +327,14 @@ export const generate = async (
   const prompts = active.map((i) => rows[i]!.request.promptIds)
   const stepper = options.useCache === false ? referenceStepper(model, prompts) : cacheStepper(model, prompts)
   let version: number | undefined
-  let view: Transformer.WeightView | undefined
+  let view: WeightView.WeightView | undefined
   try {
     let appended: Array<number> | undefined
     while (active.length > 0) {
       const v = options.beforeStep === undefined ? 0 : await options.beforeStep()
       if (view === undefined || v !== version) {
-        if (view !== undefined) Transformer.disposeView(view)
-        view = Transformer.inferenceView(model)
+        if (view !== undefined) WeightView.dispose(view)
+        view = WeightView.inference(model)
         version = v
       }
       const logits = await stepper.next(view, appended)
@@ -352,7 +354,7 @@ export const generate = async (
     }
   } finally {
     stepper.dispose()
-    if (view !== undefined) Transformer.disposeView(view)
+    if (view !== undefined) WeightView.dispose(view)
   }
   return rows.map(toCompletion)
 }

@@ -1,5 +1,6 @@
 /** The pure tfjs model core (no Effect): build, load/save, train-path log-probs, sampling, LoRA, snapshots. */
 export * as Checkpoint from "./Checkpoint.ts"
+export * as Decoder from "./Decoder.ts"
 export * as Fused from "./Fused.ts"
 export * as KvCache from "./KvCache.ts"
 export * as LogProbs from "./LogProbs.ts"
@@ -11,3 +12,4 @@ export * as Safetensors from "./Safetensors.ts"
 export * as Sampling from "./Sampling.ts"
 export * as Snapshot from "./Snapshot.ts"
 export * as Transformer from "./Transformer.ts"
+export * as WeightView from "./WeightView.ts"

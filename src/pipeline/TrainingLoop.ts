@@ -188,6 +188,25 @@ interface Trained {
   readonly stopped?: "max_train_seconds" | "signal"
 }
 
+/** What the steps of one run share: the services, the loop's options and the source. */
+interface Loop<R> {
+  readonly options: Options<R>
+  readonly trainer: Trainer["Service"]
+  readonly metrics: Metrics["Service"]
+  readonly checkpointer: Checkpointer["Service"]
+  readonly model: PolicyModel["Service"]["model"]
+  readonly source: Source
+  readonly evaluate: NonNullable<Options<R>["evaluate"]>
+  readonly refreshReport: Effect.Effect<void, never, FileSystem.FileSystem | Path.Path>
+}
+
+/** What the steps trained: how many groups, the last step, the latest checkpoint written. */
+interface TrainedSteps {
+  readonly groups: number
+  readonly last: Trained | undefined
+  readonly checkpoint: string | undefined
+}
+
 /**
  * Run the loop: `makeSource` builds the source once the start is known (after the trainer state was restored).
  */
@@ -207,6 +226,31 @@ export const run = <R1, R2>(
     const { model } = yield* PolicyModel
     const started = yield* Clock.currentTimeMillis
 
+    const start = yield* resume(options, trainer, checkpointer)
+    const source = yield* makeSource(start)
+    const loop: Loop<R1> = {
+      options,
+      trainer,
+      metrics,
+      checkpointer,
+      model,
+      source,
+      evaluate: evaluator(options),
+      refreshReport: settings.report === true ? Report.refresh(runDir) : Effect.void
+    }
+    const evalBefore =
+      settings.evalBeforeTrain && start.firstStep === 1 ? yield* loop.evaluate("before training", 0) : undefined
+    if (evalBefore !== undefined) yield* loop.refreshReport
+    const trained = yield* trainAll(loop, start)
+    return yield* summary(loop, start, started, evalBefore, trained)
+  }).pipe(Effect.withSpan(Spans.names.run))
+
+/**
+ * Where the run starts: from `resumeFrom`, the trainer restored and its weights published; `consumed.jsonl` cut to
+ * the step before.
+ */
+const resume = <R>(options: Options<R>, trainer: Trainer["Service"], checkpointer: Checkpointer["Service"]) =>
+  Effect.gen(function* () {
     let start: Start = { firstStep: 1 }
     if (options.resumeFrom !== undefined) {
       const restored = yield* checkpointer.read(options.resumeFrom)
@@ -218,165 +262,197 @@ export const run = <R1, R2>(
     }
     // steps from firstStep on are trained (again): forget their consumed lines, e.g. those a crash left after the
     // checkpoint or a killed run left before its first one
-    if (options.recordConsumed) yield* ConsumedLog.truncateTo(runDir, start.firstStep - 1)
+    if (options.recordConsumed) yield* ConsumedLog.truncateTo(options.runDir, start.firstStep - 1)
+    return start
+  })
 
-    const source = yield* makeSource(start)
-    const steps = source.totalSteps
-    const evaluate: NonNullable<Options<R1>["evaluate"]> =
-      options.evaluate === undefined
-        ? () => Effect.succeed(undefined)
-        : (label, step) =>
-            options.evaluate!(label, step).pipe(
-              Effect.withSpan(Spans.names.eval, { attributes: { "train.step": step, "eval.label": label } })
-            )
-    const refreshReport = settings.report === true ? Report.refresh(runDir) : Effect.void
-    const evalBefore =
-      settings.evalBeforeTrain && start.firstStep === 1 ? yield* evaluate("before training", 0) : undefined
-    if (evalBefore !== undefined) yield* refreshReport
-
-    const save = (step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
-      Effect.gen(function* () {
-        const part = yield* source.checkpoint(step, failed)
-        const saved = yield* checkpointer.save(step, model, state, part.data, part.files).pipe(Effect.orDie)
-        yield* Effect.logInfo(
-          `checkpoint ${saved.dir}${part.inflight > 0 ? ` (${part.inflight} in-flight groups)` : ""}`
+/** The held-out evaluation under its span (`eval`); nothing without one. */
+const evaluator = <R>(options: Options<R>): NonNullable<Options<R>["evaluate"]> =>
+  options.evaluate === undefined
+    ? () => Effect.succeed(undefined)
+    : (label, step) =>
+        options.evaluate!(label, step).pipe(
+          Effect.withSpan(Spans.names.eval, { attributes: { "train.step": step, "eval.label": label } })
         )
-        return saved.dir
-      })
 
-    /** A trainer exception at `batch`'s step, as a TrainerFault; the step's groups are kept when nothing was applied. */
-    const fault = (batch: Batch, before: PolicyVersion, cause: Cause.Cause<never>) =>
-      Effect.gen(function* () {
-        const untouched = (yield* trainer.version) === before
-        // the weights and optimizer are those of the step before (the step counter only moves at a step's end)
-        const kept =
-          untouched && batch.step > 1 ? yield* save(batch.step - 1, yield* trainer.state, batch.groups) : undefined
-        return yield* new TrainerFault({
-          step: batch.step,
-          prompts: promptsOf(batch.groups),
-          message:
-            `${describe(cause)}. ` +
-            (kept !== undefined
-              ? `No update was applied: ${kept} holds this step's groups, and train --resume latest trains them again`
-              : untouched
-                ? "No update was applied; train again (the first step has no checkpoint to keep its groups in)"
-                : "An update was applied mid-step: train --resume latest continues from the last checkpoint"),
-          ...(kept === undefined ? {} : { kept })
-        })
-      })
-
-    /** One step: train and publish under the source's guard, then record it. */
-    const trainAndRecord = (batch: Batch) =>
-      Effect.gen(function* () {
-        const before = yield* trainer.version
-        const t0 = yield* Clock.currentTimeMillis
-        let publishMs = 0
-        let syncBytes = 0
-        const result = yield* source.guard(
-          trainer.step(batch.groups).pipe(
-            Effect.catchCause((cause) =>
-              Cause.hasInterruptsOnly(cause) ? Effect.failCause(cause) : fault(batch, before, cause)
-            ),
-            Effect.tap((r) =>
-              Effect.gen(function* () {
-                const t1 = yield* Clock.currentTimeMillis
-                syncBytes = yield* options
-                  .publish(r.version)
-                  .pipe(Effect.withSpan(Spans.names.weightSync, { attributes: { "policy.version": r.version } }))
-                publishMs = (yield* Clock.currentTimeMillis) - t1
-              })
-            )
-          )
-        )
-        const trainAndSyncMs = (yield* Clock.currentTimeMillis) - t0
-        if (options.recordConsumed) yield* ConsumedLog.append(runDir, batch.step, batch.groups)
-        const after = yield* source.trained(batch.step, result.version)
-        const now = yield* Clock.currentTimeMillis
-        const values: MetricKeys.Values = {
-          ...result.metrics,
-          ...Env.aggregateMetrics(batch.groups.flatMap((g) => g.trajectories.map((t) => t.envMetrics))),
-          ...GroupJudge.stepMetrics(batch.groups),
-          ...batch.metrics,
-          ...after,
-          "trainer/policy_version": result.version,
-          "timing/weight_sync": publishMs / 1000,
-          "sync/bytes": syncBytes,
-          "timing/train_and_sync": trainAndSyncMs / 1000,
-          "timing/step": (now - batch.startedAt) / 1000
-        }
-        yield* metrics.record("train", batch.step, values)
-        // the step's span carries its metrics: a trace backend without OTLP metrics (W&B Weave) still gets them
-        yield* Effect.annotateCurrentSpan(values)
-        yield* metrics.progress({ step: batch.step, totalSteps: steps, values })
-      })
-
-    /** One step under its span (`train.step`), which ends with it. */
-    const trainStep = (batch: Batch) =>
-      Effect.flatMap(
-        batch.span === undefined ? stepSpan(batch.step, batch.groups) : Effect.succeed(batch.span),
-        (span) => underSpan(span, trainAndRecord(batch))
-      )
-
-    const deadline = deadlineOf(settings, yield* Clock.currentTimeMillis)
+/** The steps from `start` on, until the last, a stop asked for or the deadline; evaluating and checkpointing. */
+const trainAll = <R>(loop: Loop<R>, start: Start) =>
+  Effect.gen(function* () {
+    const steps = loop.source.totalSteps
+    const deadline = deadlineOf(loop.options.settings, yield* Clock.currentTimeMillis)
     let groups = 0
     let last: Trained | undefined
     let checkpoint: string | undefined
-    const stream = source.batches.pipe(
+    const stream = loop.source.batches.pipe(
       Stream.take(Math.max(0, steps - start.firstStep + 1)),
       Stream.mapEffect((batch) =>
         Effect.gen(function* () {
-          yield* trainStep(batch)
+          yield* trainStep(loop, batch)
           groups += batch.groups.length
-          const isLast = batch.step >= steps
-          const stopped: Trained["stopped"] = isLast
-            ? undefined
-            : StopSignal.requested()
-              ? "signal"
-              : (yield* Clock.currentTimeMillis) >= deadline
-                ? "max_train_seconds"
-                : undefined
-          if (stopped === "signal")
-            yield* Effect.logInfo(`stop requested: checkpointing step ${batch.step} and stopping`)
-          if (stopped === "max_train_seconds") {
-            yield* Effect.logInfo(
-              `trainer.max_train_seconds (${settings.maxTrainSeconds}) reached after step ${batch.step} of ${steps}: stopping`
-            )
-          }
-          const trained: Trained = {
-            batch,
-            last: isLast || stopped !== undefined,
-            ...(stopped ? { stopped } : {})
-          }
-          return trained
+          return yield* stopCheck(loop, batch, deadline)
         })
       ),
       Stream.takeUntil((t) => t.last),
       Stream.runForEach((t) =>
         Effect.gen(function* () {
           last = t
-          const step = t.batch.step
-          const evaluated = settings.evalInterval > 0 && step % settings.evalInterval === 0 && !t.last
-          if (evaluated) yield* evaluate(`at step ${step}`, step)
-          const saved = t.last || (settings.checkpointInterval > 0 && step % settings.checkpointInterval === 0)
-          if (saved) checkpoint = yield* save(step, yield* trainer.state)
-          if (evaluated || saved) yield* refreshReport
+          const saved = yield* evalAndCheckpoint(loop, t)
+          if (saved !== undefined) checkpoint = saved
         })
       )
     )
-    yield* StopSignal.honour(stream).pipe(Effect.ensuring(source.close))
+    yield* StopSignal.honour(stream).pipe(Effect.ensuring(loop.source.close))
+    const trained: TrainedSteps = { groups, last, checkpoint }
+    return trained
+  })
 
+/** One step under its span (`train.step`), which ends with it. */
+const trainStep = <R>(loop: Loop<R>, batch: Batch) =>
+  Effect.flatMap(batch.span === undefined ? stepSpan(batch.step, batch.groups) : Effect.succeed(batch.span), (span) =>
+    underSpan(span, trainAndRecord(loop, batch))
+  )
+
+/** One step: train and publish under the source's guard, then record it. */
+const trainAndRecord = <R>(loop: Loop<R>, batch: Batch) =>
+  Effect.gen(function* () {
+    const { options, trainer, source } = loop
+    const before = yield* trainer.version
+    const t0 = yield* Clock.currentTimeMillis
+    let publishMs = 0
+    let syncBytes = 0
+    const result = yield* source.guard(
+      trainer.step(batch.groups).pipe(
+        Effect.catchCause((cause) =>
+          Cause.hasInterruptsOnly(cause) ? Effect.failCause(cause) : fault(loop, batch, before, cause)
+        ),
+        Effect.tap((r) =>
+          Effect.gen(function* () {
+            const t1 = yield* Clock.currentTimeMillis
+            syncBytes = yield* options
+              .publish(r.version)
+              .pipe(Effect.withSpan(Spans.names.weightSync, { attributes: { "policy.version": r.version } }))
+            publishMs = (yield* Clock.currentTimeMillis) - t1
+          })
+        )
+      )
+    )
+    const trainAndSyncMs = (yield* Clock.currentTimeMillis) - t0
+    if (options.recordConsumed) yield* ConsumedLog.append(options.runDir, batch.step, batch.groups)
+    const after = yield* source.trained(batch.step, result.version)
+    const now = yield* Clock.currentTimeMillis
+    const values: MetricKeys.Values = {
+      ...result.metrics,
+      ...Env.aggregateMetrics(batch.groups.flatMap((g) => g.trajectories.map((t) => t.envMetrics))),
+      ...GroupJudge.stepMetrics(batch.groups),
+      ...batch.metrics,
+      ...after,
+      "trainer/policy_version": result.version,
+      "timing/weight_sync": publishMs / 1000,
+      "sync/bytes": syncBytes,
+      "timing/train_and_sync": trainAndSyncMs / 1000,
+      "timing/step": (now - batch.startedAt) / 1000
+    }
+    yield* loop.metrics.record("train", batch.step, values)
+    // the step's span carries its metrics: a trace backend without OTLP metrics (W&B Weave) still gets them
+    yield* Effect.annotateCurrentSpan(values)
+    yield* loop.metrics.progress({ step: batch.step, totalSteps: source.totalSteps, values })
+  })
+
+/** A trainer exception at `batch`'s step, as a TrainerFault; the step's groups are kept when nothing was applied. */
+const fault = <R>(loop: Loop<R>, batch: Batch, before: PolicyVersion, cause: Cause.Cause<never>) =>
+  Effect.gen(function* () {
+    const untouched = (yield* loop.trainer.version) === before
+    // the weights and optimizer are those of the step before (the step counter only moves at a step's end)
+    const kept =
+      untouched && batch.step > 1
+        ? yield* save(loop, batch.step - 1, yield* loop.trainer.state, batch.groups)
+        : undefined
+    return yield* new TrainerFault({
+      step: batch.step,
+      prompts: promptsOf(batch.groups),
+      message:
+        `${describe(cause)}. ` +
+        (kept !== undefined
+          ? `No update was applied: ${kept} holds this step's groups, and train --resume latest trains them again`
+          : untouched
+            ? "No update was applied; train again (the first step has no checkpoint to keep its groups in)"
+            : "An update was applied mid-step: train --resume latest continues from the last checkpoint"),
+      ...(kept === undefined ? {} : { kept })
+    })
+  })
+
+/** After a trained step: whether the run stops there (the last step, a stop asked for, the deadline passed). */
+const stopCheck = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
+  Effect.gen(function* () {
+    const steps = loop.source.totalSteps
+    const isLast = batch.step >= steps
+    const stopped: Trained["stopped"] = isLast
+      ? undefined
+      : StopSignal.requested()
+        ? "signal"
+        : (yield* Clock.currentTimeMillis) >= deadline
+          ? "max_train_seconds"
+          : undefined
+    if (stopped === "signal") yield* Effect.logInfo(`stop requested: checkpointing step ${batch.step} and stopping`)
+    if (stopped === "max_train_seconds") {
+      yield* Effect.logInfo(
+        `trainer.max_train_seconds (${loop.options.settings.maxTrainSeconds}) reached after step ${batch.step} of ${steps}: stopping`
+      )
+    }
+    const trained: Trained = {
+      batch,
+      last: isLast || stopped !== undefined,
+      ...(stopped ? { stopped } : {})
+    }
+    return trained
+  })
+
+/**
+ * Evaluate every `eval_interval` steps (not at the last: the final evaluation follows), checkpoint every
+ * `checkpoint.interval` steps and at the last, and refresh the report after either; returns the checkpoint written.
+ */
+const evalAndCheckpoint = <R>(loop: Loop<R>, t: Trained) =>
+  Effect.gen(function* () {
+    const { settings } = loop.options
+    const step = t.batch.step
+    const evaluated = settings.evalInterval > 0 && step % settings.evalInterval === 0 && !t.last
+    if (evaluated) yield* loop.evaluate(`at step ${step}`, step)
+    const saved = t.last || (settings.checkpointInterval > 0 && step % settings.checkpointInterval === 0)
+    const checkpoint = saved ? yield* save(loop, step, yield* loop.trainer.state) : undefined
+    if (evaluated || saved) yield* loop.refreshReport
+    return checkpoint
+  })
+
+/** Checkpoint `step` with the source's part (and `failed`, groups of a later step to train again); returns its dir. */
+const save = <R>(loop: Loop<R>, step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
+  Effect.gen(function* () {
+    const part = yield* loop.source.checkpoint(step, failed)
+    const saved = yield* loop.checkpointer.save(step, loop.model, state, part.data, part.files).pipe(Effect.orDie)
+    yield* Effect.logInfo(`checkpoint ${saved.dir}${part.inflight > 0 ? ` (${part.inflight} in-flight groups)` : ""}`)
+    return saved.dir
+  })
+
+/** The final evaluation (skipped after a stop asked for) and the run's summary. */
+const summary = <R>(
+  loop: Loop<R>,
+  start: Start,
+  started: number,
+  evalBefore: Evaluator.Report | undefined,
+  { groups, last, checkpoint }: TrainedSteps
+) =>
+  Effect.gen(function* () {
     const lastStep = last?.batch.step ?? start.firstStep - 1
-    const evalAfter = last?.stopped === "signal" ? undefined : yield* evaluate("after training", lastStep)
+    const evalAfter = last?.stopped === "signal" ? undefined : yield* loop.evaluate("after training", lastStep)
     const summary: Summary = {
       event: "summary",
       steps: lastStep,
       groups,
       seconds: Math.round((((yield* Clock.currentTimeMillis) - started) / 1000) * 10) / 10,
-      runDir,
+      runDir: loop.options.runDir,
       ...(checkpoint === undefined ? {} : { checkpoint }),
       ...(last?.stopped === undefined ? {} : { stopped: last.stopped }),
       ...(evalBefore === undefined ? {} : { evalBefore }),
       ...(evalAfter === undefined ? {} : { evalAfter })
     }
     return summary
-  }).pipe(Effect.withSpan(Spans.names.run))
+  })

@@ -5,7 +5,7 @@
  *   weights are in place when the optimizer steps. Publishing sends a tensor-less snapshot that only advances the
  *   engine's version (LocalEngine rebuilds its fused inference view for it); the update's snapshot is never read.
  * - `copied`: the engine keeps its own copy. Publishing reads the snapshot and hands it over: a WorkerEngine writes it
- *   into its shared weight board (inference/WeightBoard.ts) and returns once the worker has it.
+ *   into its shared weight board (weights/WeightBoard.ts) and returns once the worker has it.
  * Each sync's wall time goes to `onSynced` and the debug log.
  */
 import { Clock, Effect, Layer } from "effect"

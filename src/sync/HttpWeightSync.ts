@@ -1,6 +1,6 @@
 /**
  * Weight sync to a remote `serve`: each published version is uploaded to `/v1/weights` with the bearer token
- * (inference/WeightUpload.ts has the protocol and `upload`). The server applies the weights between two decode steps
+ * (weights/WeightUpload.ts has the protocol and `upload`). The server applies the weights between two decode steps
  * when the last chunk arrives; `publish` returns then. Afterwards the engine in context (a RemoteEngine) is told the
  * new version with a tensor-less snapshot, so that its `version` and the versions it reports follow.
  *
@@ -11,7 +11,7 @@ import { FetchHttpClient, HttpClient } from "effect/http"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
-import * as WeightUpload from "../inference/WeightUpload.ts"
+import * as WeightUpload from "../weights/WeightUpload.ts"
 import { WeightSync, WeightSyncError } from "./WeightSync.ts"
 
 export interface HttpWeightSyncOptions extends WeightUpload.UploadOptions {

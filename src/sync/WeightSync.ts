@@ -4,7 +4,7 @@
  * inference/, never the reverse. Implementations:
  * - EngineWeightSync: the engine's own `updateWeights`, either `shared` (a local engine samples from the trainer's
  *   variables: publishing only moves the version, nothing is copied) or `copied` (a worker engine's board).
- * - HttpWeightSync: chunked, authenticated upload to a remote `serve` (inference/WeightUpload.ts).
+ * - HttpWeightSync: chunked, authenticated upload to a remote `serve` (weights/WeightUpload.ts).
  * - FileWeightSync: versioned safetensors directories written atomically, for a watching engine (`serve --watch`).
  *
  * Which one a run uses (src/layers/RunLayers.ts): `pipeline.weight_sync` must fit `generator.engine.kind`, by one rule —

@@ -151,55 +151,7 @@ const build = (
   }
   const renderer = ChatTemplate.make(chatTemplate, variables)
 
-  const hfFiles = (): HfFiles => {
-    const addedJson = addedTokens.map((token) => ({
-      id: token.id,
-      content: token.content,
-      single_word: false,
-      lstrip: false,
-      rstrip: false,
-      normalized: false,
-      special: token.special
-    }))
-    const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false }
-    return {
-      "tokenizer.json": {
-        version: "1.0",
-        truncation: null,
-        padding: null,
-        added_tokens: addedJson,
-        normalizer: null,
-        pre_tokenizer: byteLevel,
-        post_processor: null,
-        decoder: byteLevel,
-        model: {
-          type: "BPE",
-          dropout: null,
-          unk_token: null,
-          continuing_subword_prefix: null,
-          end_of_word_suffix: null,
-          fuse_unk: false,
-          byte_fallback: false,
-          ignore_merges: false,
-          vocab: Object.fromEntries(byteChars.map((char, byte) => [char, byte])),
-          merges: []
-        }
-      },
-      "tokenizer_config.json": {
-        added_tokens_decoder: Object.fromEntries(addedJson.map(({ id, ...token }) => [String(id), token])),
-        additional_special_tokens: addedTokens.filter((token) => token.special).map((token) => token.content),
-        bos_token: null,
-        eos_token: eosToken ?? null,
-        pad_token: padToken ?? null,
-        unk_token: null,
-        chat_template: chatTemplate,
-        clean_up_tokenization_spaces: false,
-        model_max_length: 1_000_000_000,
-        split_special_tokens: false,
-        tokenizer_class: "PreTrainedTokenizerFast"
-      }
-    }
-  }
+  const hfFiles = (): HfFiles => hfFilesOf(addedTokens, chatTemplate, eosToken, padToken)
 
   return {
     kind: "byte",
@@ -215,6 +167,65 @@ const build = (
     applyChatTemplate: renderer.render,
     applyChatTemplateIds: (messages, options) => encode(renderer.render(messages, options)),
     hfFiles
+  }
+}
+
+/**
+ * The files the tokenizer saves itself as: a byte-level BPE tokenizer.json with no merges (vocab = the 256 GPT-2 byte
+ * characters) and tokenizer_config.json with the chat template.
+ */
+const hfFilesOf = (
+  addedTokens: ReadonlyArray<AddedToken>,
+  chatTemplate: string,
+  eosToken: string | undefined,
+  padToken: string | undefined
+): HfFiles => {
+  const addedJson = addedTokens.map((token) => ({
+    id: token.id,
+    content: token.content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: token.special
+  }))
+  const byteLevel = { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false }
+  return {
+    "tokenizer.json": {
+      version: "1.0",
+      truncation: null,
+      padding: null,
+      added_tokens: addedJson,
+      normalizer: null,
+      pre_tokenizer: byteLevel,
+      post_processor: null,
+      decoder: byteLevel,
+      model: {
+        type: "BPE",
+        dropout: null,
+        unk_token: null,
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        ignore_merges: false,
+        vocab: Object.fromEntries(byteChars.map((char, byte) => [char, byte])),
+        merges: []
+      }
+    },
+    "tokenizer_config.json": {
+      added_tokens_decoder: Object.fromEntries(addedJson.map(({ id, ...token }) => [String(id), token])),
+      additional_special_tokens: addedTokens.filter((token) => token.special).map((token) => token.content),
+      bos_token: null,
+      eos_token: eosToken ?? null,
+      pad_token: padToken ?? null,
+      unk_token: null,
+      chat_template: chatTemplate,
+      clean_up_tokenization_spaces: false,
+      model_max_length: 1_000_000_000,
+      split_special_tokens: false,
+      tokenizer_class: "PreTrainedTokenizerFast"
+    }
   }
 }
 

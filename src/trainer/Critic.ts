@@ -11,6 +11,7 @@ import * as Diagnostics from "../algo/Diagnostics.ts"
 import * as ValueLoss from "../algo/ValueLoss.ts"
 import type { OptimizerConfig } from "../config/TrainerConfig.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as Decoder from "../model/Decoder.ts"
 import * as Snapshot from "../model/Snapshot.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as Optimizer from "./Optimizer.ts"
@@ -46,7 +47,7 @@ export const valuesTensor = (critic: Critic, batch: TrainingBatch.Batch, checkpo
   tf.tidy(() => {
     const B = batch.ids.length
     const T = batch.length
-    const hidden = Transformer.hiddenStates(critic.model, {
+    const hidden = Decoder.hiddenStates(critic.model, {
       ids: batch.ids,
       attentionMask: batch.attentionMask,
       training: true,

@@ -277,6 +277,7 @@ const copyAdapters = (model: Transformer.Transformer): Map<string, Transformer.A
 
 const mean = (xs: ReadonlyArray<number>) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length)
 
+// biome-ignore lint/complexity/noExcessiveLinesPerFunction: a make closure is its service's class (400 lines at most)
 export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options) {
   const { model } = yield* PolicyModel
   const t = options.trainer

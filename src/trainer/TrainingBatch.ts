@@ -66,6 +66,21 @@ const fits = (t: Trajectory, o: Options): boolean => {
   return t.steps.every((s) => s.promptIds.length + s.responseIds.length <= max)
 }
 
+/** A training row before padding: one per trajectory, or one per turn of a step-wise trajectory. */
+interface Row {
+  readonly prompt: ReadonlyArray<number>
+  readonly response: ReadonlyArray<number>
+  readonly mask: ReadonlyArray<number> // response-aligned
+  readonly advantage: ReadonlyArray<number> // response-aligned
+  readonly logp: ReadonlyArray<number> // response-aligned
+  readonly returns: ReadonlyArray<number> // response-aligned
+  readonly values: ReadonlyArray<number> // response-aligned
+  readonly reward: number
+  readonly uid: string
+  readonly id: string // the trajectory's
+  readonly replayed: number
+}
+
 const trainable = (t: Trajectory, o: Options): boolean =>
   t.stopReason !== "error" &&
   !(o.overlongFiltering && (t.stopReason === "overlong" || t.stopReason === "length")) &&
@@ -124,19 +139,6 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     advantages = Advantages.advantageBatchNormalize(advantages, responseMask)
   // Training rows: one per trajectory, or one per turn for step-wise trajectories (the trajectory's advantage, taken
   // at its last loss token, copied to every turn: SkyRL's step-wise training).
-  interface Row {
-    readonly prompt: ReadonlyArray<number>
-    readonly response: ReadonlyArray<number>
-    readonly mask: ReadonlyArray<number> // response-aligned
-    readonly advantage: ReadonlyArray<number> // response-aligned
-    readonly logp: ReadonlyArray<number> // response-aligned
-    readonly returns: ReadonlyArray<number> // response-aligned
-    readonly values: ReadonlyArray<number> // response-aligned
-    readonly reward: number
-    readonly uid: string
-    readonly id: string // the trajectory's
-    readonly replayed: number
-  }
   const sampledRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {
     const reward = rewardOf(t, o)
     if (t.steps === undefined) {
@@ -183,7 +185,6 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     return { ...row, prompt, response: row.response.slice(0, max - prompt.length), mask: [] }
   })
   const length = Math.max(1, ...trainingRows.map((r) => r.prompt.length + r.response.length))
-  const pad = () => new Array<number>(length).fill(0)
   const batch: Batch = {
     ids: [],
     attentionMask: [],
@@ -199,38 +200,45 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
     droppedGroups: groups.length - kept.length,
     truncated
   }
-  for (const row of trainingRows) {
-    const P = row.prompt.length
-    const ids = pad()
-    const attention = pad()
-    const mask = pad()
-    const adv = pad()
-    const logp = pad()
-    const ret = pad()
-    const val = pad()
-    for (const [i, id] of row.prompt.entries()) {
-      ids[i] = id
-      attention[i] = 1
-    }
-    for (const [i, id] of row.response.entries()) {
-      const m = row.mask[i] ?? 0
-      ids[P + i] = id
-      attention[P + i] = 1
-      mask[P + i] = m
-      adv[P + i] = m === 0 ? 0 : row.advantage[i]!
-      logp[P + i] = m === 0 ? 0 : row.logp[i]!
-      ret[P + i] = m === 0 ? 0 : (row.returns[i] ?? 0)
-      val[P + i] = m === 0 ? 0 : (row.values[i] ?? 0)
-    }
-    batch.ids.push(ids)
-    batch.attentionMask.push(attention)
-    batch.lossMask.push(mask)
-    batch.advantages.push(adv)
-    batch.rolloutLogProbs.push(logp)
-    batch.returns.push(ret)
-    batch.values.push(val)
-  }
+  for (const row of trainingRows) place(batch, row)
   return batch
+}
+
+/**
+ * Appends `row` to `batch`'s per-token arrays: the prompt then the response from index 0, right-padded with 0 to
+ * `batch.length`; advantages, log-probs, returns and values are 0 wherever the loss mask is.
+ */
+const place = (batch: Batch, row: Row): void => {
+  const pad = () => new Array<number>(batch.length).fill(0)
+  const P = row.prompt.length
+  const ids = pad()
+  const attention = pad()
+  const mask = pad()
+  const adv = pad()
+  const logp = pad()
+  const ret = pad()
+  const val = pad()
+  for (const [i, id] of row.prompt.entries()) {
+    ids[i] = id
+    attention[i] = 1
+  }
+  for (const [i, id] of row.response.entries()) {
+    const m = row.mask[i] ?? 0
+    ids[P + i] = id
+    attention[P + i] = 1
+    mask[P + i] = m
+    adv[P + i] = m === 0 ? 0 : row.advantage[i]!
+    logp[P + i] = m === 0 ? 0 : row.logp[i]!
+    ret[P + i] = m === 0 ? 0 : (row.returns[i] ?? 0)
+    val[P + i] = m === 0 ? 0 : (row.values[i] ?? 0)
+  }
+  batch.ids.push(ids)
+  batch.attentionMask.push(attention)
+  batch.lossMask.push(mask)
+  batch.advantages.push(adv)
+  batch.rolloutLogProbs.push(logp)
+  batch.returns.push(ret)
+  batch.values.push(val)
 }
 
 /** Rows [from, to) of a batch, trimmed to their own longest row (micro-batches need not pay for the longest one). */

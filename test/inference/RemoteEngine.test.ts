@@ -9,9 +9,10 @@ import { FetchHttpClient } from "effect/http"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
 import { InferenceEngine, type SamplingParams } from "../../src/inference/InferenceEngine.ts"
-import * as OpenAiServer from "../../src/inference/OpenAiServer.ts"
+import * as ChatReply from "../../src/serve/ChatReply.ts"
 import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
-import * as WeightUpload from "../../src/inference/WeightUpload.ts"
+import * as RemoteWire from "../../src/inference/RemoteWire.ts"
+import * as WeightUpload from "../../src/weights/WeightUpload.ts"
 import * as Serve from "../../src/layers/Serve.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
@@ -212,7 +213,7 @@ describe("serve + RemoteEngine", () => {
           c0.token_ids.map((id) => `token_id:${id}`)
         )
         // what RemoteEngine reads from it
-        const read = RemoteEngine.readChoice({ choices: [c0] })
+        const read = RemoteWire.readChoice({ choices: [c0] })
         assert.deepStrictEqual(typeof read === "string" ? read : read.tokens, c0.token_ids)
         // prompt_logprobs (vLLM): null, then the log-prob of each later prompt token under the served weights
         const scored = yield* post(`${url}/v1/completions`, { prompt: [7, 8, 9], max_tokens: 1, prompt_logprobs: 0 })
@@ -337,10 +338,10 @@ describe("RemoteEngine against a vLLM-shaped server", () => {
   )
 })
 
-describe("OpenAiServer.chatMessage", () => {
+describe("ChatReply.chatMessage", () => {
   it("returns a hermes tool call in the text as tool_calls, with the text before it as content", () => {
     const text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-    const { message, finishReason } = OpenAiServer.chatMessage(text, true)
+    const { message, finishReason } = ChatReply.chatMessage(text, true)
     assert.strictEqual(finishReason, "tool_calls")
     assert.deepStrictEqual(message, {
       role: "assistant",
@@ -351,11 +352,11 @@ describe("OpenAiServer.chatMessage", () => {
   })
 
   it("leaves text without calls, or a request without tools, as plain content", () => {
-    assert.deepStrictEqual(OpenAiServer.chatMessage("5", true), {
+    assert.deepStrictEqual(ChatReply.chatMessage("5", true), {
       message: { role: "assistant", content: "5" },
       finishReason: undefined
     })
     const call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
-    assert.deepStrictEqual(OpenAiServer.chatMessage(call, false).message, { role: "assistant", content: call })
+    assert.deepStrictEqual(ChatReply.chatMessage(call, false).message, { role: "assistant", content: call })
   })
 })

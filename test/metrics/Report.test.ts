@@ -7,16 +7,17 @@ import { assert, describe, it } from "@effect/vitest"
 import { Effect } from "effect"
 import * as Metrics from "../../src/metrics/Metrics.ts"
 import * as Report from "../../src/metrics/Report.ts"
+import * as ReportData from "../../src/metrics/ReportData.ts"
 import * as EpisodeLog from "../../src/store/EpisodeLog.ts"
 import * as SyntheticRun from "./SyntheticRun.ts"
 
 const steps = 60
 
 /** The embedded JSON, parsed back out of the page. */
-const embedded = (html: string): Report.Data => {
+const embedded = (html: string): ReportData.Data => {
   const m = /<script type="application\/json" id="report-data">([\s\S]*?)<\/script>/.exec(html)
   assert.isNotNull(m, "the page embeds its data")
-  return JSON.parse(m![1]!) as Report.Data
+  return JSON.parse(m![1]!) as ReportData.Data
 }
 
 describe("Report.write", () => {
@@ -142,7 +143,7 @@ describe("Report.write", () => {
           const metrics = yield* Metrics.make(runDir, { progress: false })
           yield* metrics.record("train", 4, { "reward/avg_raw_reward": 0.9 })
         }).pipe(Effect.scoped)
-        const data = yield* Report.collect(runDir)
+        const data = yield* ReportData.collect(runDir)
         assert.strictEqual(data.train.series["reward/avg_raw_reward"]?.[3], 0.9)
         assert.strictEqual(data.summary.trajectories, 4 * 8) // not 40: duplicates and the untrained group left out
         const step4 = data.episodes.steps.find((s) => s.step === 4)!
@@ -213,7 +214,7 @@ describe("Report.writeMany", () => {
       const html = readFileSync(out, "utf8")
       assert.notMatch(html, /<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=/i)
       assert.include(html, 'id="smoothing"')
-      const data = embedded(html) as unknown as Report.CompareData
+      const data = embedded(html) as unknown as ReportData.CompareData
       assert.deepStrictEqual(
         data.runs.map((r) => r.name),
         ["run-a", "run-b"]
@@ -238,16 +239,16 @@ describe("Report.writeMany", () => {
   )
 
   it("names runs by their directories, the paths as given where two share a name", () => {
-    assert.deepStrictEqual(Report.runNames(["runs/a", "runs/b/"]), ["a", "b"])
-    assert.deepStrictEqual(Report.runNames(["x/latest", "y/latest"]), ["x/latest", "y/latest"])
+    assert.deepStrictEqual(ReportData.runNames(["runs/a", "runs/b/"]), ["a", "b"])
+    assert.deepStrictEqual(ReportData.runNames(["x/latest", "y/latest"]), ["x/latest", "y/latest"])
   })
 })
 
-describe("Report.evenly", () => {
+describe("ReportData.evenly", () => {
   it("spreads k of n indices with the first and last included", () => {
-    assert.deepStrictEqual(Report.evenly(10, 4), [0, 3, 6, 9])
-    assert.deepStrictEqual(Report.evenly(3, 50), [0, 1, 2])
-    assert.deepStrictEqual(Report.evenly(5, 1), [4])
+    assert.deepStrictEqual(ReportData.evenly(10, 4), [0, 3, 6, 9])
+    assert.deepStrictEqual(ReportData.evenly(3, 50), [0, 1, 2])
+    assert.deepStrictEqual(ReportData.evenly(5, 1), [4])
   })
 })
 

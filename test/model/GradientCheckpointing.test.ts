@@ -5,12 +5,14 @@ import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as RunConfigLoader from "../../src/config/RunConfigLoader.ts"
 import { SftConfig } from "../../src/config/SftConfig.ts"
 import { TrainerConfig } from "../../src/config/TrainerConfig.ts"
+import * as Decoder from "../../src/model/Decoder.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Lora from "../../src/model/Lora.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Recompute from "../../src/model/Recompute.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as WeightView from "../../src/model/WeightView.ts"
 
 const configOf = (architecture: "qwen3" | "qwen2" | "llama", tie: boolean) =>
   ModelConfig.fromInit({
@@ -180,11 +182,11 @@ describe("gradient checkpointing (activation recompute per decoder layer)", () =
     assert.throws(
       () =>
         tf.tidy(() => {
-          const input = Transformer.prepare({ ids: ids.map((r) => r.slice(0, 1)) }) // one new token after 4 cached
+          const input = Decoder.prepare({ ids: ids.map((r) => r.slice(0, 1)) }) // one new token after 4 cached
           const cached = () => tf.zeros([2, 4, 2, 8]) as tf.Tensor4D // [B, P, Hkv, hd]
           const past = Array.from({ length: 4 }, () => ({ keys: cached(), values: cached() }))
           const keyMask = new Float32Array(2 * 5).fill(1)
-          Transformer.step(model, Transformer.trainingView(model), { ...input, keyMask, past, checkpoint: true })
+          Decoder.step(model, WeightView.training(model), { ...input, keyMask, past, checkpoint: true })
         }),
       /no past/
     )

@@ -2,6 +2,7 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import { assert, beforeAll, describe, it } from "vitest"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as Decoder from "../../src/model/Decoder.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
@@ -27,7 +28,7 @@ describe("LogProbs.ofSequences", () => {
     const model = Transformer.init(config, 1, 0.5)
     const ids = [[3, 7, 1, 29, 4]]
     const { logprobs, entropy } = LogProbs.ofSequences(model, { ids }, { temperature: 0.7, entropy: true })
-    const logits = Transformer.forward(model, { ids })
+    const logits = Decoder.forward(model, { ids })
     const logp = tf.tidy(() => tf.logSoftmax(tf.div(logits, 0.7)).arraySync() as Array<Array<Array<number>>>)
     const lp = logprobs.arraySync()[0]!
     const h = entropy!.arraySync()[0]!

@@ -7,6 +7,7 @@ import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as WeightView from "../../src/model/WeightView.ts"
 
 const config = ModelConfig.fromInit({
   architecture: "qwen3",
@@ -216,7 +217,7 @@ describe("Sampling.pick", () => {
 describe("KvCache.merge / trim", () => {
   it("rows decode the same after merging caches of different lengths and trimming shared padding", async () => {
     const { prefill, extend, merge, select, trim, dispose } = await import("../../src/model/KvCache.ts")
-    const view = Transformer.inferenceView(model)
+    const view = WeightView.inference(model)
     const before = tf.memory().numTensors
     const argmax = (row: Float32Array) => row.indexOf(Math.max(...row))
     // reference: each prompt alone, greedy for 4 steps
@@ -253,7 +254,7 @@ describe("KvCache.merge / trim", () => {
     assert.strictEqual(cache.length, b.length + 3)
     dispose(cache)
     assert.strictEqual(tf.memory().numTensors, before)
-    Transformer.disposeView(view)
+    WeightView.dispose(view)
   })
 })
 
@@ -261,7 +262,7 @@ describe("PrefixCache", () => {
   it("serves the longest cached prefix (keeping the prompt's last token to run), supersedes and evicts LRU", async () => {
     const KvCache = await import("../../src/model/KvCache.ts")
     const PrefixCache = await import("../../src/model/PrefixCache.ts")
-    const view = Transformer.inferenceView(model)
+    const view = WeightView.inference(model)
     const before = tf.memory().numTensors
     const cacheOf = async (tokens: Array<number>) => (await KvCache.prefill(model, view, [tokens])).cache
     const a = [1, 2, 3, 4, 5, 6]
@@ -284,6 +285,6 @@ describe("PrefixCache", () => {
     KvCache.dispose(nines.cache)
     prefixes.clear()
     assert.strictEqual(tf.memory().numTensors, before)
-    Transformer.disposeView(view)
+    WeightView.dispose(view)
   })
 })

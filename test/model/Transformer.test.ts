@@ -2,8 +2,10 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import { assert, beforeAll, describe, it } from "vitest"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
+import * as Decoder from "../../src/model/Decoder.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as WeightView from "../../src/model/WeightView.ts"
 
 beforeAll(() => Effect.runPromise(TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })))
 
@@ -154,10 +156,10 @@ describe("ModelConfig.fromHf", () => {
   })
 })
 
-describe("Transformer.ropeInvFreq", () => {
+describe("Decoder.ropeInvFreq", () => {
   it("llama3 scaling keeps Llama-3.2-1B's 15 high frequencies, divides the 14 low ones by 32, interpolates 3", () => {
-    const plain = Transformer.ropeInvFreq(64, 500000)
-    const scaled = Transformer.ropeInvFreq(64, 500000, llama3Scaling)
+    const plain = Decoder.ropeInvFreq(64, 500000)
+    const scaled = Decoder.ropeInvFreq(64, 500000, llama3Scaling)
     // bands by wavelength 2π/f against 8192/4 = 2048 and 8192/1 = 8192
     const wavelen = (i: number) => (2 * Math.PI) / plain[i]!
     const kept = [...plain.keys()].filter((i) => wavelen(i) < 2048)
@@ -173,9 +175,9 @@ describe("Transformer.ropeInvFreq", () => {
       assert.isTrue(scaled[i]! < plain[i]! && scaled[i]! > plain[i]! / 32)
     }
     // the tables the forward uses follow: position 1's angle is the frequency itself
-    const { sin } = Transformer.ropeTables([1], 64, 500000, llama3Scaling)
+    const { sin } = Decoder.ropeTables([1], 64, 500000, llama3Scaling)
     assert.approximately(sin[31]!, Math.sin(scaled[31]!), 1e-7)
-    assert.notStrictEqual(sin[31], Transformer.ropeTables([1], 64, 500000).sin[31])
+    assert.notStrictEqual(sin[31], Decoder.ropeTables([1], 64, 500000).sin[31])
   })
 })
 
@@ -198,22 +200,22 @@ describe("Transformer", () => {
         [0, 0, 1, 1, 1, 1, 1, 1],
         [1, 1, 1, 1, 1, 1, 1, 1]
       ]
-      const reference = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }).dataSync())
-      const view = Transformer.inferenceView(model)
-      const fused = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, view).dataSync())
-      Transformer.disposeView(view)
-      const leanView = Transformer.inferenceView(model, { lean: true })
+      const reference = tf.tidy(() => Decoder.forward(model, { ids, attentionMask }).dataSync())
+      const view = WeightView.inference(model)
+      const fused = tf.tidy(() => Decoder.forward(model, { ids, attentionMask }, view).dataSync())
+      WeightView.dispose(view)
+      const leanView = WeightView.inference(model, { lean: true })
       assert.strictEqual(leanView.owned.length, 0, "a lean view copies no weights")
-      const lean = tf.tidy(() => Transformer.forward(model, { ids, attentionMask }, leanView).dataSync())
-      Transformer.disposeView(leanView)
-      Transformer.setAttentionMatmul("split")
+      const lean = tf.tidy(() => Decoder.forward(model, { ids, attentionMask }, leanView).dataSync())
+      WeightView.dispose(leanView)
+      Decoder.setAttentionMatmul("split")
       const split = tf.tidy(() =>
-        Transformer.forward(model, {
+        Decoder.forward(model, {
           ids: [...ids, ...ids],
           attentionMask: [...attentionMask, ...attentionMask]
         }).dataSync()
       )
-      Transformer.setAttentionMatmul("batched")
+      Decoder.setAttentionMatmul("batched")
       reference.forEach((v, i) => {
         assert.approximately(fused[i]!, v, 1e-5)
         assert.approximately(lean[i]!, v, 1e-5)

@@ -8,12 +8,14 @@ import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
 import "@tensorflow/tfjs-backend-wasm"
 import * as MissingKernels from "../../src/backend/MissingKernels.ts"
+import * as Decoder from "../../src/model/Decoder.ts"
 import * as Fused from "../../src/model/Fused.ts"
 import * as KvCache from "../../src/model/KvCache.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as WeightView from "../../src/model/WeightView.ts"
 import * as NativeKernels from "../../src/native/NativeKernels.ts"
 import { randomTensor, rng } from "../fixtures/Random.ts"
 
@@ -189,7 +191,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       const heads = 1 + Math.floor(next() * 5)
       const hd = 2 * (1 + Math.floor(next() * 16))
       const positions = Array.from({ length: N }, () => Math.floor(next() * 200))
-      const { cos, sin } = Transformer.ropeTables(positions, hd, 10000)
+      const { cos, sin } = Decoder.ropeTables(positions, hd, 10000)
       const [x, dy] = [randomTensor([N, heads, hd], next), randomTensor([N, heads, hd], next)]
       const c = tf.tensor(cos, [N, 1, hd])
       const s = tf.tensor(sin, [N, 1, hd])
@@ -284,7 +286,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       const N = B * T
       const qkv = randomTensor([N, (H + 2 * Hkv) * hd], next, 2) as tf.Tensor2D
       const positions = Array.from({ length: N }, () => Math.floor(next() * 50))
-      const { cos, sin } = Transformer.ropeTables(positions, hd, 10000)
+      const { cos, sin } = Decoder.ropeTables(positions, hd, 10000)
       const c = tf.tensor(cos, [N, 1, hd])
       const s = tf.tensor(sin, [N, 1, hd])
       const norm = withNorm ? (randomTensor([H + Hkv, hd], next) as tf.Tensor2D) : undefined
@@ -365,7 +367,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       [8, 9, 10]
     ]
     const run = async () => {
-      const view = Transformer.inferenceView(model)
+      const view = WeightView.inference(model)
       let { cache, logits } = await KvCache.prefill(model, view, prompts)
       const all = [logits]
       for (let i = 0; i < 4; i++) {
@@ -384,7 +386,7 @@ describe.skipIf(!native.available)("Fused kernels", () => {
       cache = last.cache
       all.push(last.logits)
       KvCache.dispose(cache)
-      Transformer.disposeView(view)
+      WeightView.dispose(view)
       return all
     }
     assertClose("decode logits", await bothWaysAsync(run))

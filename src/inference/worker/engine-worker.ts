@@ -13,8 +13,8 @@ import * as Lora from "../../model/Lora.ts"
 import * as Transformer from "../../model/Transformer.ts"
 import * as ByteTokenizer from "../../tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../tokenizer/HfTokenizer.ts"
+import * as WeightBoard from "../../weights/WeightBoard.ts"
 import * as LocalEngine from "../LocalEngine.ts"
-import * as WeightBoard from "../WeightBoard.ts"
 import type { FromWorker, ToWorker, WorkerInit } from "../WorkerEngine.ts"
 
 const port = parentPort!

@@ -8,7 +8,7 @@
  * series, `smoothing`, `errors`), which the browser test reads.
  */
 import * as MetricKeys from "../MetricKeys.ts"
-import type { CompareData, CompareRun } from "../Report.ts"
+import type { CompareData, CompareRun } from "../ReportData.ts"
 import { chartHelpers, escapeHtml, num, palette, style } from "./ReportPage.ts"
 
 const pair = (before: number | undefined, after: number | undefined) => `${num(before)} → ${num(after)}`

@@ -7,7 +7,7 @@
  * `errors`), which the browser test reads.
  */
 import * as MetricKeys from "../MetricKeys.ts"
-import type { Data, EvalScore } from "../Report.ts"
+import type { Data, EvalScore } from "../ReportData.ts"
 
 export const escapeHtml = (s: string): string =>
   s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&#39;")

@@ -1,11 +1,11 @@
 /**
  * The LoRA adapters `serve` holds beside its base model, by name: what vLLM's runtime LoRA endpoints
- * (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`; OpenAiServer.ts has the wire side) load and unload.
+ * (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`; LoraAdmin.ts has the wire side) load and unload.
  *
  * Each adapter is sampled by a LocalEngine of its own over `Transformer.shareBase(base)`: the base's variables
  * (nothing copied) with the adapter attached. So requests for different adapters do not share a forward pass (vLLM
  * batches them together), and each adapter engine's inference view merges its adapter into fused copies of the
- * projections (the view is lean, adapters unmerged, where `Transformer.inferenceView` says: large models and
+ * projections (the view is lean, adapters unmerged, where `WeightView.inference` says: large models and
  * bfloat16-stored bases).
  *
  * Versions: an adapter whose name ends in `-v<digits>` (RemoteEngine names them `<prefix>-v<version>`) reports that
@@ -21,11 +21,11 @@ import * as path from "node:path"
 import { Effect, Exit, Schema, Scope, Semaphore } from "effect"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
+import type { InferenceEngine } from "../inference/InferenceEngine.ts"
+import * as LocalEngine from "../inference/LocalEngine.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import * as Lora from "../model/Lora.ts"
 import * as Transformer from "../model/Transformer.ts"
-import type { InferenceEngine } from "./InferenceEngine.ts"
-import * as LocalEngine from "./LocalEngine.ts"
 
 /**
  * Why a load or unload was refused: the name is taken (`AlreadyLoaded`), names no adapter (`NotFound`), the

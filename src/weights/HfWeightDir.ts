@@ -1,7 +1,7 @@
 /**
  * Full weights as Hugging Face model directories on storage the inference servers read: the weight transport of the
- * `vllm` and `sglang` dialects (inference/WeightDialect.ts). Both ends: RemoteEngine writes each version once with
- * `write`, and `serve` reads one with `read` when it is told to reload from disk (inference/DialectRoutes.ts).
+ * `vllm` and `sglang` dialects (weights/WeightDialect.ts). Both ends: RemoteEngine writes each version once with
+ * `write`, and `serve` reads one with `read` when it is told to reload from disk (serve/DialectRoutes.ts).
  *
  *   ROOT/v000012/config.json           the model's HF config (when the writer has it; servers read it to check shapes)
  *   ROOT/v000012/model.safetensors     every tensor, HF names and shapes, F32, metadata {format: pt, policy_version}

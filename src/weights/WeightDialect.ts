@@ -1,12 +1,12 @@
 /**
  * How new full weights reach an inference server, per server kind ("dialect"), client side. RemoteEngine drives one
  * replica through `pause` → `load` → `resume` and reads back the version it serves with `servedVersion`;
- * inference/DialectRoutes.ts is the same wire seen from `serve`, so our server stands in for either.
+ * serve/DialectRoutes.ts is the same wire seen from `serve`, so our server stands in for either.
  *
- * - `effect-rl`: our `serve`'s chunked, authenticated `POST /v1/weights` (inference/WeightUpload.ts); the weights
+ * - `effect-rl`: our `serve`'s chunked, authenticated `POST /v1/weights` (weights/WeightUpload.ts); the weights
  *   travel in the requests. Pausing is client-side only (the server swaps weights between two decode steps).
  *   Version: `GET /health` → `{"status": "ok", "policy_version": N}`.
- * - `vllm`: the weights are written once per version as a HF directory the server can read (inference/HfWeightDir.ts)
+ * - `vllm`: the weights are written once per version as a HF directory the server can read (weights/HfWeightDir.ts)
  *   and the server is told to re-read them, with its RL endpoints (dev routes: `VLLM_SERVER_DEV_MODE=1`):
  *   1. `POST /pause?mode=abort|keep|wait` (query; `pipeline.pause_mode`) → 200 `{"status": "paused"}`
  *   2. `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` → 200 `{"results":

@@ -1,5 +1,5 @@
 /**
- * JSON schemas as byte automata, for constrained decoding (inference/StructuredOutput.ts masks the model's tokens with
+ * JSON schemas as byte automata, for constrained decoding (serve/StructuredOutput.ts masks the model's tokens with
  * them). `compile(schema)` reads a schema into a `Grammar` (refusing keywords it cannot enforce with a `SchemaError`
  * naming the keyword and where it is); `start`, `step`, `accepting` and `final` run a pushdown automaton over UTF-8
  * bytes whose every live state can still be completed into a value that parses and validates.

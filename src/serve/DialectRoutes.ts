@@ -1,5 +1,5 @@
 /**
- * `serve`'s side of the vLLM and SGLang weight-update endpoints (inference/WeightDialect.ts has the client side and the
+ * `serve`'s side of the vLLM and SGLang weight-update endpoints (weights/WeightDialect.ts has the client side and the
  * pinned sources), so our server stands in for either: the same routes, request bodies and answers, over the
  * LocalEngine `serve` runs. Open only with `weightReload` (`serve --enable-weight-reload`, or vLLM's
  * `VLLM_SERVER_DEV_MODE=1`), as vLLM attaches them only in dev mode: without it each answers FastAPI's 404
@@ -25,13 +25,13 @@
  * Departures: every pause mode freezes requests in flight before their next decode step (vLLM's keep, SGLang's
  * in_place) — none is aborted or waited for — and they continue on the new weights after resume; each choice's
  * `policy_version_first/last` then says which weights produced its tokens. A reload's policy version is the
- * `policy_version` metadata of the directory's weights (inference/HfWeightDir.ts writes it), else the current one + 1;
+ * `policy_version` metadata of the directory's weights (weights/HfWeightDir.ts writes it), else the current one + 1;
  * the weight-version label is separate, as in vLLM and SGLang, and reads as the policy version until one is set.
  */
 import { Effect } from "effect"
 import { HttpRouter, type HttpServerRequest, HttpServerResponse } from "effect/http"
-import * as HfWeightDir from "./HfWeightDir.ts"
-import type { InferenceEngine } from "./InferenceEngine.ts"
+import type { InferenceEngine } from "../inference/InferenceEngine.ts"
+import * as HfWeightDir from "../weights/HfWeightDir.ts"
 
 export interface DialectRoutesOptions {
   /** The served engine (its `updateWeights` also refreshes LoRA adapters' engines). */

@@ -1,13 +1,13 @@
 /**
- * The JSON-schema automaton (inference/JsonGrammar.ts) byte by byte, and the token mask over it
- * (inference/StructuredOutput.ts) for the byte tokenizer: which outputs are whole values, which prefixes stay live,
+ * The JSON-schema automaton (serve/JsonGrammar.ts) byte by byte, and the token mask over it
+ * (serve/StructuredOutput.ts) for the byte tokenizer: which outputs are whole values, which prefixes stay live,
  * the schema keywords refused, and that a random walk through the mask always ends in JSON that validates.
  */
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import { assert, describe, it } from "vitest"
-import * as JsonGrammar from "../../src/inference/JsonGrammar.ts"
-import * as StructuredOutput from "../../src/inference/StructuredOutput.ts"
+import * as JsonGrammar from "../../src/serve/JsonGrammar.ts"
+import * as StructuredOutput from "../../src/serve/StructuredOutput.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"

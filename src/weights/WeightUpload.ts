@@ -1,8 +1,8 @@
 /**
- * The chunked weight-upload protocol of `POST /v1/weights`, both ends: OpenAiServer.ts receives it (`readHeaders`,
- * `assembler`); `upload` sends it, for RemoteEngine.ts (`updateWeights` with a weight token) and
- * sync/HttpWeightSync.ts. A snapshot travels as one safetensors file (HF names and shapes, F32) cut into chunks of at
- * most `chunkBytes`, each a binary POST body with these headers:
+ * The chunked weight-upload protocol of `POST /v1/weights`, both ends: serve/WeightUpdates.ts receives it
+ * (`readHeaders`, `assembler`); `upload` sends it, for inference/ReplicaWeights.ts (a remote engine's weights, with
+ * a weight token) and sync/HttpWeightSync.ts. A snapshot travels as one safetensors file (HF names and shapes, F32)
+ * cut into chunks of at most `chunkBytes`, each a binary POST body with these headers:
  *
  *   Authorization: Bearer <token>
  *   X-Weights-Version: <policy version>       X-Upload-Id: <id, the same for every chunk of one upload>
