@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway Postgres for the cluster's storage on one machine (tests, .ci/run, the local recipe in the README):
+# A throwaway Postgres for the cluster's storage on one machine (tests, .ci/run, the local recipe in docs/cluster.md):
 # Debian's postgresql server binaries, initdb + pg_ctl into a temporary directory, no system service.
 #
 #   eval "$(scripts/local-postgres.sh start)"   # prints PG_DIR=... and DATABASE_URL=postgres://...

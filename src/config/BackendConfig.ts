@@ -8,6 +8,7 @@ import { NonNegativeInt, withDefault } from "./Field.ts"
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "webgpu", "tensorflow", "native", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type
 
+/** The tensor backend that trains and samples: which one, its threads and its CPU kernels. */
 export const BackendConfig = Schema.Struct({
   name: BackendName.pipe(withDefault("auto")),
   threads: NonNegativeInt.pipe(withDefault(0)), // 0 = as many as the backend's default (cores)

@@ -26,12 +26,15 @@ export type ClusterConfig = typeof ClusterConfig.Type
 
 /** sync: generate a batch, train, repeat. async: K generation fibers feed the trainer through a bounded queue. */
 export const PipelineConfig = Schema.Struct({
-  mode: Schema.Literals(["sync", "async"]).pipe(withDefault("sync")),
+  mode: Schema.Literals(["sync", "async"]).pipe(withDefault("sync")), // sync or async, as above
   max_staleness_steps: NonNegativeInt.pipe(withDefault(1)), // a group trains at most this many versions late
   num_generation_workers: PositiveInt.pipe(withDefault(4)), // K
   // How each version's weights reach the engine. The rule: an engine kind takes its own sync (local: inprocess, the
   // default; worker: worker; remote: http) or `file`, which only local and remote take (see `weightSyncsFor`).
   weight_sync: Schema.Literals(["inprocess", "worker", "file", "http"]).pipe(withDefault("inprocess")),
+  // how a worker or vllm/sglang engine holds generation while weights change: keep (requests in flight wait and
+  // continue on the new weights), wait (the update waits for them to finish), abort (they stop and are sampled again
+  // from their start)
   pause_mode: Schema.Literals(["abort", "keep", "wait"]).pipe(withDefault("keep")),
   // async: where each group is rolled out: by this process's Generator (local) or by a rollout runner of the cluster
   rollouts: Schema.Literals(["local", "cluster"]).pipe(withDefault("local")),

@@ -16,13 +16,16 @@ export const SftConfig = Schema.Struct({
   micro_batch_size: PositiveInt.pipe(withDefault(8)), // sequences per forward/backward; gradients accumulate
   gradient_checkpointing: Schema.Boolean.pipe(withDefault(false)), // as trainer.gradient_checkpointing
   max_length: PositiveInt.pipe(withDefault(1024)), // tokens per sequence; longer rows are cut at the end
+  // as trainer.optimizer, with lr 2e-5 and a cosine schedule
   optimizer: OptimizerConfig.pipe(withDefault({ lr: 2e-5, warmup_steps: 0, scheduler: "cosine" })),
+  // assistant: the assistant turns only; all: every token
   loss_on: Schema.Literals(["assistant", "all"]).pipe(withDefault("assistant")),
   shuffle: Schema.Boolean.pipe(withDefault(true)), // reshuffled every epoch from `seed`
   log_interval: PositiveInt.pipe(withDefault(10)), // steps between progress lines and metrics.jsonl records
   eval_interval: NonNegativeInt.pipe(withDefault(0)), // steps between eval losses; 0 = only at the end
   save_interval: NonNegativeInt.pipe(withDefault(0)), // steps between checkpoints; 0 = only at the end
+  // where checkpoints (step-N/, latest) and metrics.jsonl go
   output_dir: Schema.NonEmptyString.pipe(withDefault("runs/sft")),
-  seed: NonNegativeInt.pipe(withDefault(42))
+  seed: NonNegativeInt.pipe(withDefault(42)) // the example order, and LoRA adapters' initialisation
 })
 export type SftConfig = typeof SftConfig.Type

@@ -1,9 +1,10 @@
 import { Schema } from "effect"
 import { NonNegativeInt, Positive, PositiveInt, SecretRef, withDefault } from "./Field.ts"
 
+/** When `train` checkpoints (RUN_DIR/checkpoints/step-N) and what it resumes from. */
 export const CheckpointConfig = Schema.Struct({
   interval: NonNegativeInt.pipe(withDefault(0)), // steps between checkpoints; 0 = only at the end
-  keep_n: PositiveInt.pipe(withDefault(2)),
+  keep_n: PositiveInt.pipe(withDefault(2)), // the newest this many checkpoints are kept, older ones deleted
   resume: Schema.optionalKey(Schema.NonEmptyString) // "latest" or a checkpoint directory
 })
 export type CheckpointConfig = typeof CheckpointConfig.Type
@@ -27,7 +28,7 @@ export type OtlpConfig = typeof OtlpConfig.Type
 export const PrometheusConfig = Schema.Struct({
   host: Schema.NonEmptyString.pipe(withDefault("127.0.0.1")), // 0.0.0.0 to be scraped from other machines
   port: NonNegativeInt.check(Schema.isLessThanOrEqualTo(65_535)).pipe(withDefault(9464)), // 0 = any free port
-  path: Schema.NonEmptyString.pipe(withDefault("/metrics")),
+  path: Schema.NonEmptyString.pipe(withDefault("/metrics")), // the scrape path
   prefix: Schema.String.pipe(withDefault("effect_rl")) // `loss/policy` is served as effect_rl_loss_policy
 })
 export type PrometheusConfig = typeof PrometheusConfig.Type
@@ -40,12 +41,15 @@ export type PrometheusConfig = typeof PrometheusConfig.Type
 export const TrackingBackend = Schema.Literals(["jsonl", "otlp", "prometheus"])
 export type TrackingBackend = typeof TrackingBackend.Type
 
+/** The run directory, and what a run writes and shows there and elsewhere. */
 export const LoggingConfig = Schema.Struct({
-  run_dir: Schema.NonEmptyString.pipe(withDefault("runs/latest")),
+  run_dir: Schema.NonEmptyString.pipe(withDefault("runs/latest")), // the run directory (train --run-dir overrides it)
+  // not read by any command yet: the global flag `--log-level` (e.g. `--log-level debug`) sets what stderr shows
   level: Schema.Literals(["Debug", "Info", "Warn", "Error"]).pipe(withDefault("Info")),
-  progress: Schema.Boolean.pipe(withDefault(true)),
+  progress: Schema.Boolean.pipe(withDefault(true)), // a live progress line on stderr: step, reward, pass@n, ETA
+  // write every trajectory group to episodes.jsonl (replay reads it)
   record_episodes: Schema.Boolean.pipe(withDefault(true)),
-  report: Schema.Boolean.pipe(withDefault(true)),
+  report: Schema.Boolean.pipe(withDefault(true)), // rewrite report.html after each evaluation and checkpoint
   backends: Schema.Array(TrackingBackend).pipe(withDefault(["jsonl"])), // e.g. [jsonl, otlp, prometheus]
   otlp: OtlpConfig.pipe(withDefault({})), // read when backends has otlp
   prometheus: PrometheusConfig.pipe(withDefault({})) // read when backends has prometheus
@@ -60,9 +64,12 @@ export const LoggingConfig = Schema.Struct({
 )
 export type LoggingConfig = typeof LoggingConfig.Type
 
+/** The prompts: SkyRL rows for training and held-out evaluation. */
 export const DataConfig = Schema.Struct({
   train: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])), // .json, .jsonl or .parquet files
+  // held-out files, evaluated before, during (trainer.eval_interval) and after training
   val: Schema.Array(Schema.NonEmptyString).pipe(withDefault([])),
+  // a shuffle of the training prompts every epoch, seeded by trainer.seed; else the file order
   shuffle: Schema.Boolean.pipe(withDefault(true)),
   // keep only the rows whose extra_info.<key> is one of the values (all keys must match), e.g. {family: [unit_sum]};
   // applied to train and val before max_prompts / max_eval_prompts
