@@ -18,6 +18,9 @@ else
 fi
 if [ "$what" = "cflags" ]; then
   # Built at install time on the machine that runs it, so tune for its CPU (AVX2/AVX-512 FMA) when the compiler can.
-  if "$cc" -march=native "$tmp.c" -c -o "$tmp.o" >/dev/null 2>&1; then echo "-march=native"; fi
+  # EFFECT_RL_MARCH=<gcc -march value> targets another CPU instead: x86-64-v3 is what an AVX2-only machine (no
+  # AVX-512) runs, so its kernels can be built, tested and benched on a machine that has AVX-512 (bench/kernels.ts).
+  march="${EFFECT_RL_MARCH:-native}"
+  if "$cc" -march="$march" "$tmp.c" -c -o "$tmp.o" >/dev/null 2>&1; then echo "-march=$march"; fi
 fi
 rm -f "$tmp.c" "$tmp.out" "$tmp.o"

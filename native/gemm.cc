@@ -97,41 +97,65 @@ void gemmRows(bool ta, bool tb, int M, int N, int K, const float* A, const float
 
 // Few rows (decode steps: M = batch ≤ kSmallM): stream B once, rows of C stay in L1. BLAS GEMMs pack all of B per
 // call, which costs more than the multiply at this size. Columns [n0, n1) of C.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  // 16 floats, unaligned access allowed
-
-// R rows × (16·V) columns of C in R·V vector registers, B streamed once per row group; then plain loops over the
-// column tail (< 16·V).
+//
+// R rows × (kLanes·V) columns of C in R·V vector registers, B streamed once per row group. V = tileVectors(R) fits
+// the tile in the target's registers (gemm.h): 8 rows × 2 vectors of 16 floats (16 of AVX-512's 32 registers) were
+// 32 of AVX2's 16 when the vector type was fixed at 16 floats, and the spills made a decode step 10x slower there.
+// The tile walks its columns of B down K, a row N floats after the last: a stride the hardware prefetchers do not
+// follow far enough when B is not in L2 (a decode step's weights, layer after layer, are not), so the tile asks for
+// the rows kPrefetchRows ahead itself. A perf-model decode step's products (16.8 MB of weights), one thread: 5.8 ms
+// without, 1.7-1.8 ms with (an AVX-512 build; an AVX2 one 7.1 -> 3.0-3.5 ms); 16-24 rows ahead did about as well.
+// Returns the first column it did not reach (fewer than kLanes·V columns were left).
+constexpr int kPrefetchRows = 20;
 template <int R, int V>
-static void smallRows(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
+static int smallTiles(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
+  static_assert(R * V + V + 1 <= kVectorRegisters || V == 1, "the tile must fit in the vector registers");
   int j0 = n0;
-  for (; j0 + 16 * V <= n1; j0 += 16 * V) {
-    v16 c[R][V] = {};
+  for (; j0 + kLanes * V <= n1; j0 += kLanes * V) {
+    vfloat c[R][V] = {};
     const float* a0 = A + (int64_t)i0 * K;
     for (int k = 0; k < K; k++) {
-      const v16* b = reinterpret_cast<const v16*>(B + (int64_t)k * N + j0);
-      v16 bv[V];
-      for (int v = 0; v < V; v++) bv[v] = b[v];
+      const float* b = B + (int64_t)k * N + j0;
+      if (k + kPrefetchRows < K) {
+        const float* ahead = b + (int64_t)kPrefetchRows * N;
+        for (int j = 0; j < kLanes * V; j += 16) __builtin_prefetch(ahead + j);
+        __builtin_prefetch(ahead + kLanes * V - 1);
+      }
+      vfloat bv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; v++) bv[v] = *reinterpret_cast<const vfloatu*>(b + kLanes * v);
+#pragma GCC unroll 16
       for (int r = 0; r < R; r++) {
         float a = a0[(int64_t)r * K + k];
+#pragma GCC unroll 4
         for (int v = 0; v < V; v++) c[r][v] += a * bv[v];
       }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; r++) {
-      v16* out = reinterpret_cast<v16*>(C + (int64_t)(i0 + r) * N + j0);
-      for (int v = 0; v < V; v++) out[v] = c[r][v];
+      float* out = C + (int64_t)(i0 + r) * N + j0;
+#pragma GCC unroll 4
+      for (int v = 0; v < V; v++) *reinterpret_cast<vfloatu*>(out + kLanes * v) = c[r][v];
     }
   }
-  if (j0 < n1) {
-    int nb = n1 - j0;
-    for (int r = 0; r < R; r++) {
-      float acc[16 * V] = {0};
-      const float* a = A + (int64_t)(i0 + r) * K;
-      for (int k = 0; k < K; k++) {
-        const float* b = B + (int64_t)k * N + j0;
-        for (int j = 0; j < nb; j++) acc[j] += a[k] * b[j];
-      }
-      std::memcpy(C + (int64_t)(i0 + r) * N + j0, acc, sizeof(float) * nb);
+  return j0;
+}
+
+// R rows of C, columns [n0, n1): whole tiles, then one vector at a time, then plain loops over the last < kLanes.
+template <int R>
+static void smallRows(int N, int K, const float* A, const float* B, float* C, int i0, int n0, int n1) {
+  int j0 = smallTiles<R, tileVectors(R)>(N, K, A, B, C, i0, n0, n1);
+  if (tileVectors(R) > 1) j0 = smallTiles<R, 1>(N, K, A, B, C, i0, j0, n1);
+  if (j0 == n1) return;
+  int nb = n1 - j0;
+  for (int r = 0; r < R; r++) {
+    float acc[kLanes] = {0};
+    const float* a = A + (int64_t)(i0 + r) * K;
+    for (int k = 0; k < K; k++) {
+      const float* b = B + (int64_t)k * N + j0;
+      for (int j = 0; j < nb; j++) acc[j] += a[k] * b[j];
     }
+    std::memcpy(C + (int64_t)(i0 + r) * N + j0, acc, sizeof(float) * nb);
   }
 }
 
@@ -173,9 +197,10 @@ void smallGemmNN(int M, int N, int K, const float* A, const float* B, float* C, 
     return;
   }
   int i0 = 0;
-  for (; i0 + 8 <= M; i0 += 8) smallRows<8, 2>(N, K, A, B, C, i0, n0, n1);  // batch-8 decode: B read once
-  for (; i0 + 4 <= M; i0 += 4) smallRows<4, 4>(N, K, A, B, C, i0, n0, n1);
-  for (; i0 < M; i0++) smallRows<1, 4>(N, K, A, B, C, i0, n0, n1);
+  // batch-8 decode: B read once per kTileRows rows
+  for (; i0 + kTileRows <= M; i0 += kTileRows) smallRows<kTileRows>(N, K, A, B, C, i0, n0, n1);
+  for (; i0 + 4 <= M; i0 += 4) smallRows<4>(N, K, A, B, C, i0, n0, n1);
+  for (; i0 < M; i0++) smallRows<1>(N, K, A, B, C, i0, n0, n1);
 }
 
 // B stored [N, K] (transposeB; a tied LM head's embedding): C[i, j] = A[i, :] · B[j, :], dot products over contiguous

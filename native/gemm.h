@@ -21,6 +21,31 @@ namespace effect_rl {
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v8fu __attribute__((vector_size(32), aligned(4)));
 
+// The widest float vector of the CPU this build targets (-march=native at install; EFFECT_RL_MARCH names another, see
+// detect-blas.sh) and how many such registers it has. Register tiles are sized from these: a tile of more vectors
+// than there are registers spills to the stack at every step of its loop.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16, kVectorRegisters = 32;
+#elif defined(__AVX__)
+constexpr int kLanes = 8, kVectorRegisters = 16;
+#elif defined(__aarch64__)
+constexpr int kLanes = 4, kVectorRegisters = 32;
+#else
+constexpr int kLanes = 4, kVectorRegisters = 16;
+#endif
+// One register of kLanes floats: `vfloat` for values (accumulators: never give them a smaller alignment, or GCC keeps
+// them in memory), `vfloatu` only to load or store one at any float address.
+typedef float vfloat __attribute__((vector_size(4 * kLanes)));
+typedef float vfloatu __attribute__((vector_size(4 * kLanes), aligned(4)));
+
+// The register tiles of the few-row products (gemm.cc smallRows): up to kTileRows rows of C at once, each across
+// tileVectors(rows) vectors of columns. The rows × vectors accumulators, the vectors of B read per step and one
+// broadcast of A must all fit in the registers, or each step spills and reloads them. Measured with
+// bench/kernels.ts: on AVX-512 8 rows × 2 vectors (19 of 32 registers; 8 × 3 was no faster); with 16 registers
+// 4 rows × 3 vectors (16 of 16: 8 × 1 took 1.5x as long, 4 × 2 1.1x), an 8-row batch in two passes.
+constexpr int kTileRows = kVectorRegisters >= 32 ? 8 : 4;
+constexpr int tileVectors(int rows) { return rows >= 8 ? 2 : rows >= 4 ? (kVectorRegisters >= 32 ? 4 : 3) : 4; }
+
 // At most this many rows of C: smallGemmNN / smallGemmNT, which stream B once, beat a BLAS call (which packs all of B).
 constexpr int kSmallM = 16;
 

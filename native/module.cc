@@ -39,12 +39,17 @@ napi_value Info(Args& args, const InfoArgs&) {
   napi_create_double(env, (double)calls.load(), &v);
   napi_set_named_property(env, out, "calls", v);
 #if defined(__AVX512F__)
-  napi_create_string_utf8(env, "avx512", NAPI_AUTO_LENGTH, &v);
+  const char* simd = "avx512";
 #elif defined(__AVX2__)
-  napi_create_string_utf8(env, "avx2", NAPI_AUTO_LENGTH, &v);
+  const char* simd = "avx2";
+#elif defined(__AVX__)
+  const char* simd = "avx";
+#elif defined(__aarch64__)
+  const char* simd = "neon";
 #else
-  napi_create_string_utf8(env, "baseline", NAPI_AUTO_LENGTH, &v);
+  const char* simd = "baseline";
 #endif
+  napi_create_string_utf8(env, simd, NAPI_AUTO_LENGTH, &v);
   napi_set_named_property(env, out, "simd", v);
   napi_create_string_utf8(env, kAbiHash, NAPI_AUTO_LENGTH, &v);
   napi_set_named_property(env, out, "abi", v);

@@ -102,6 +102,25 @@ describe.skipIf(!available)("native backend", () => {
     }
   })
 
+  it("few-row products equal plain sums for every row count up to 16 and columns off every register tile", async () => {
+    // M 1..16 covers each tile height (8 or 4 rows, then 4, then 1) and its leftovers; N = 203 leaves a remainder
+    // after 16-, 24- and 32-column tiles and after one-vector ones; K = 45 runs past the rows prefetched ahead.
+    const [K, N] = [45, 203]
+    const b = bf16Exact(K * N, 11)
+    const w = tf.tensor2d(b, [K, N])
+    for (let M = 1; M <= 16; M++) {
+      const a = bf16Exact(M * K, M)
+      const expected = new Float64Array(M * N)
+      for (let i = 0; i < M; i++)
+        for (let k = 0; k < K; k++) for (let j = 0; j < N; j++) expected[i * N + j] += a[i * K + k]! * b[k * N + j]!
+      const x = tf.tensor2d(a, [M, K])
+      const y = tf.matMul(x, w)
+      assert.isAtMost(maxDiff(await y.data(), expected), 1e-3, `${M}×${K}×${N}`)
+      tf.dispose([x, y])
+    }
+    w.dispose()
+  })
+
   it("a bfloat16-stored weight multiplies as its float32 values at decode shapes (few rows, K and N off the blocks)", async () => {
     for (const [M, K, N] of [
       [1, 9, 7],
