@@ -180,9 +180,11 @@ const toolPromptOf = (checkpoint: string) =>
     const environment = (raw.value["environment"] ?? {}) as Record<string, unknown>
     const style = environment["tool_prompt"] ?? "system"
     const format = (environment["tool_call_format"] ?? "auto") as ToolCallParser.Format
+    // the format the policy was taught to write calls in (`auto` teaches hermes: McpToolEnv.systemPrompt)
+    const written: ToolCallParser.WriteFormat = format === "auto" ? "hermes" : format
     switch (style) {
       case "none":
-        return ((messages) => ({ messages, tools: [] })) satisfies ChatCompletions.ToolPrompt
+        return ((messages) => ({ messages, tools: [], format: written })) satisfies ChatCompletions.ToolPrompt
       case "system":
       case "compact": {
         const chosen = style as "system" | "compact"
@@ -203,7 +205,8 @@ const toolPromptOf = (checkpoint: string) =>
               chosen
             )
           ),
-          tools: []
+          tools: [],
+          format: written
         })) satisfies ChatCompletions.ToolPrompt
       }
       default:

@@ -15,15 +15,20 @@
  *   `delta.tool_calls` pair per call (`{index, id, type, function: {name, arguments: ""}}`, then `{index, function:
  *   {arguments}}`) and a chunk with `finish_reason`. With tools offered the tool parser reads the whole reply, so the
  *   calls are sent once the generation ended, and the text that may start a call is held back until then
- *   (ChatReply.ts `beforeCalls`). Two cases are sent only once the generation ended, replayed in the same chunks:
- *   `tool_choice` `required` or a named function (a reply without the call is still a 400) and alternatives
- *   (`top_logprobs` > 0, computed after sampling). Chunk fields pinned from vLLM's
+ *   (ChatReply.ts `beforeCalls`; all of it under `tool_choice` `required` or a named function, where the reply is
+ *   nothing but calls). Alternatives (`top_logprobs` > 0, computed after sampling) are sent only once the generation
+ *   ended, replayed in the same chunks. Chunk fields pinned from vLLM's
  *   `ChatCompletionResponseStreamChoice` / `ChatCompletionStreamResponse` (vllm/entrypoints/openai/chat_completion/
  *   protocol.py).
+ * - `tool_choice` `required` or a named function constrains decoding to calls (serve/ToolCallGrammar.ts) in the
+ *   format the tool prompt teaches (`ToolPrompt`'s `format`); `response_format` then constrains nothing, as in vLLM
+ *   where the tools' schema replaces it. A reply cut short (`max_tokens`, a `stop` string) is answered as it is, its
+ *   text as content (`finish_reason` `length` / `stop`), as without tools.
  */
 import { Effect, Random } from "effect"
 import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
+import type * as ToolCallParser from "../env/ToolCallParser.ts"
 import type { GenerateRequest, GenerateResult } from "../inference/InferenceEngine.ts"
 import type { ToolDefinition } from "../tokenizer/ChatTemplate.ts"
 import * as ChatReply from "./ChatReply.ts"
@@ -33,16 +38,23 @@ import * as Refusal from "./Refusal.ts"
 import * as RequestBody from "./RequestBody.ts"
 import * as Served from "./Served.ts"
 import * as Streaming from "./Streaming.ts"
+import * as ToolCallGrammar from "./ToolCallGrammar.ts"
 
 /**
- * How the tools a chat request offers are put in front of the model: the messages to render and the tools the chat
- * template is given (none: the template adds no tool prompt). `serve` picks one from the served run's
- * `environment.tool_prompt` (layers/Serve.ts), so the policy sees the tools as it saw them in training.
+ * How the tools a chat request offers are put in front of the model: the messages to render, the tools the chat
+ * template is given (none: the template adds no tool prompt) and the call format the model was taught (default
+ * `hermes`, the chat templates' `<tool_call>`), which `tool_choice` `required` / a named function constrains decoding
+ * to. `serve` picks one from the served run's `environment.tool_prompt` and `tool_call_format` (layers/Serve.ts), so
+ * the policy sees the tools as it saw them in training.
  */
 export type ToolPrompt = (
   messages: ReadonlyArray<Message>,
   tools: ReadonlyArray<ToolDefinition>
-) => { readonly messages: ReadonlyArray<Message>; readonly tools: ReadonlyArray<ToolDefinition> }
+) => {
+  readonly messages: ReadonlyArray<Message>
+  readonly tools: ReadonlyArray<ToolDefinition>
+  readonly format?: ToolCallParser.WriteFormat
+}
 
 /** The chat template renders the tools (its own tool system prompt): `tool_prompt: template`, and vLLM's way. */
 export const templateTools: ToolPrompt = (messages, tools) => ({ messages, tools })
@@ -97,6 +109,8 @@ interface Chat {
   /** `top_logprobs`: the alternatives per sampled token. */
   readonly topK: number
   readonly toolChoice: ChatReply.ToolChoice
+  /** Decoding is constrained to tool calls (`tool_choice` `required` or a named function). */
+  readonly callsOnly: boolean
   /** Tool calls are read out of the replies (`tool_choice` other than `none`). */
   readonly toolsOn: boolean
   /** The end-of-turn ids: the one that ends a reply is markup, not content. */
@@ -123,11 +137,8 @@ export const handler =
           const chat = yield* chatOf(request, server, toolPrompt)
           if (!chat.stream) return yield* answer(chat)
           const plan = streamPlan(chat, server)
-          // `required` / a named function may refuse the reply, and alternatives are computed after sampling: the
-          // answer is then sent once the generation ended
-          return chat.toolChoice.kind === "required" || chat.toolChoice.kind === "named" || chat.topK > 0
-            ? yield* Streaming.bufferedStream(plan)
-            : Streaming.liveStream(plan, keep())
+          // alternatives are computed after sampling: the answer is then sent once the generation ended
+          return chat.topK > 0 ? yield* Streaming.bufferedStream(plan) : Streaming.liveStream(plan, keep())
         })
       )
     )
@@ -142,6 +153,7 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
     const messages = yield* readMessages(body)
     const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
     const toolChoice = yield* ChatReply.toolChoiceOf(body, tools)
+    const parallel = yield* ChatReply.parallelOf(body)
     const wantLogprobs = body["logprobs"] === true
     const topK = (yield* RequestBody.optionalInt(body, "top_logprobs", 0, LogprobShapes.maxTopLogprobs)) ?? 0
     if (topK > 0 && !wantLogprobs) {
@@ -166,11 +178,17 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
       ["max_tokens", "max_completion_tokens"],
       server.maxN
     )
-    const requests = yield* EngineRequests.constrained(
-      body,
-      tokenizer,
-      yield* EngineRequests.requestsOf([promptIds], sampling, server.maxModelLen)
-    )
+    const unconstrained = yield* EngineRequests.requestsOf([promptIds], sampling, server.maxModelLen)
+    const callsOnly = toolChoice.kind === "required" || toolChoice.kind === "named"
+    const requests = callsOnly
+      ? yield* ToolCallGrammar.constrained(unconstrained, {
+          tools,
+          allowed: new Set(toolChoice.kind === "named" ? [toolChoice.name] : tools.map((t) => t.function?.name)),
+          parallel,
+          format: prompt.format ?? "hermes",
+          tokenizer
+        })
+      : yield* EngineRequests.constrained(body, tokenizer, unconstrained)
     const created = yield* Served.secondsNow
     const id = `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`
     const eos = new Set(tokenizer.eosIds)
@@ -193,10 +211,10 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
           return ChatReply.chatMessage(
             tokenizer.decode(visible),
             toolsOn,
-            toolChoice.kind === "named" ? toolChoice.name : undefined
+            toolChoice.kind === "named" ? toolChoice.name : undefined,
+            parallel
           )
         })
-        yield* callsAsked(toolChoice, replies)
         return results
       })
     const logprobsOf = (index: number, tokens: ReadonlyArray<number>, logprobs: ReadonlyArray<number>, from: number) =>
@@ -218,6 +236,7 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
       wantLogprobs,
       topK,
       toolChoice,
+      callsOnly,
       toolsOn,
       eos,
       usageOf,
@@ -226,29 +245,6 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
       logprobsOf
     } satisfies Chat
   })
-
-/**
- * `required` / a named function: vLLM constrains decoding to a call; we sample freely and refuse a reply without the
- * call asked for.
- */
-const callsAsked = (
-  toolChoice: ChatReply.ToolChoice,
-  replies: ReadonlyArray<ReturnType<typeof ChatReply.chatMessage>>
-) => {
-  if (toolChoice.kind === "required" || toolChoice.kind === "named") {
-    const missing = replies.findIndex((reply) => reply.finishReason !== "tool_calls")
-    if (missing >= 0) {
-      return Refusal.fail(
-        `tool_choice ${toolChoice.kind === "named" ? `"${toolChoice.name}"` : '"required"'}: choice ` +
-          `${missing} has no ${toolChoice.kind === "named" ? `call to ${toolChoice.name}` : "tool call"} ` +
-          `(this server does not constrain decoding to tool calls; sample again or use "auto")`,
-        400,
-        "tool_choice"
-      )
-    }
-  }
-  return Effect.void
-}
 
 /** The whole answer (`stream` off). */
 const answer = (chat: Chat) =>
@@ -296,8 +292,10 @@ const streamPlan = (chat: Chat, { tokenizer }: Served.Served): Streaming.StreamP
     finish_reason: null,
     ...more
   })
-  // with tools offered, text that may be the start of a call is held back until the reply is parsed
-  const texts = requests.map(() => Streaming.textDeltas(tokenizer, chat.toolsOn ? ChatReply.beforeCalls : undefined))
+  // with tools offered, text that may be the start of a call is held back until the reply is parsed (all of it when
+  // the reply is nothing but calls)
+  const holdBack = chat.callsOnly ? () => "" : chat.toolsOn ? ChatReply.beforeCalls : undefined
+  const texts = requests.map(() => Streaming.textDeltas(tokenizer, holdBack))
   return {
     requests,
     generate: chat.generate,

@@ -8,10 +8,11 @@
  *   them (vLLM's `Hermes2ProToolParser`, vllm/entrypoints/openai/tool_parsers/hermes_tool_parser.py at
  *   836d1f31211015f62485b0151fbbf85b6cc7a934), so a template that prints them back reproduces what was sampled.
  * - `tool_choice`: `auto` (the default with `tools`) reads calls; `none` reads none (the tools stay in the prompt, as
- *   vLLM keeps them); `required` and `{"type": "function", "function": {"name"}}` read calls (only the named
- *   function's) and refuse a reply without one with a 400 (param `tool_choice`): vLLM constrains decoding to a call
- *   (guided JSON) instead, which this server does not do. A named function not in `tools`, or `tool_choice` other
- *   than `none` without `tools`, are vLLM's 400s.
+ *   vLLM keeps them); `required` and `{"type": "function", "function": {"name"}}` constrain decoding to calls (to
+ *   any of `tools`, or to the named function: serve/ToolCallGrammar.ts) and read them (only the named function's).
+ *   A named function not in `tools`, or `tool_choice` other than `none` without `tools`, are vLLM's 400s.
+ * - `parallel_tool_calls: false` keeps a reply's first call only (vLLM's `maybe_filter_parallel_tool_calls`), and
+ *   under `required` / a named function decoding stops after one call.
  * - Streamed with tools offered, the text from where a call's marker (`<tool_call>`, `<tool>`, a line starting
  *   `Action:`) starts or may start is held back until the reply is parsed (as is its leading whitespace).
  */
@@ -54,15 +55,30 @@ export const toolChoiceOf = (body: RequestBody.Json, tools: ReadonlyArray<ToolDe
   return Effect.succeed<ToolChoice>({ kind: "named", name })
 }
 
-/** The assistant message of a chat completion: tool calls read out of the text when the request offered tools. */
+/** `parallel_tool_calls` (default true): whether a reply may hold more than one call. */
+export const parallelOf = (body: RequestBody.Json) => {
+  const parallel = body["parallel_tool_calls"]
+  if (parallel === undefined || parallel === null) return Effect.succeed(true)
+  if (typeof parallel !== "boolean") {
+    return Refusal.fail(`"parallel_tool_calls" must be a boolean`, 400, "parallel_tool_calls")
+  }
+  return Effect.succeed(parallel)
+}
+
+/**
+ * The assistant message of a chat completion: tool calls read out of the text when the request offered tools (only
+ * calls to `only` when given; the first one alone unless `parallel`).
+ */
 export const chatMessage = (
   text: string,
   toolsOffered: boolean,
-  only?: string
+  only?: string,
+  parallel = true
 ): { readonly message: RequestBody.Json; readonly finishReason: "tool_calls" | undefined } => {
   if (!toolsOffered) return { message: { role: "assistant", content: text }, finishReason: undefined }
   const parsed = ToolCallParser.parse(text, "auto")
-  const calls = only === undefined ? parsed.calls : parsed.calls.filter((call) => call.name === only)
+  const named = only === undefined ? parsed.calls : parsed.calls.filter((call) => call.name === only)
+  const calls = parallel ? named : named.slice(0, 1)
   if (calls.length === 0) return { message: { role: "assistant", content: text }, finishReason: undefined }
   const toolCalls: Array<ToolCallWire> = calls.map((call) => ({
     id: call.id,

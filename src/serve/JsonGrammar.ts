@@ -13,9 +13,17 @@
  *   it lies in range); `integer` has no fraction;
  * - strings: any characters (escapes as JSON's), `minLength` / `maxLength` counting characters (an escape is one);
  * - `enum` / `const`: exactly one of the values as `JSON.stringify` writes it; `boolean` and `null` likewise.
+ * - strings hold well-formed UTF-8 only (no overlong forms, surrogates or code points past U+10FFFF), so what a
+ *   byte-level model writes decodes to the characters counted.
+ *
+ * Beyond JSON, grammars for text around values (serve/ToolCallGrammar.ts: a tool call in a model's own markup):
+ * `literal` text, a `sequence` of parts one after another, a `switch` (one of several literal heads, each followed by
+ * its own value; the heads prefix-free) and a `repeat` (zero or more of an item). Where a byte could continue a
+ * `repeat` or start what follows it, the repeat takes it.
  *
  * States are immutable (a stack of frames), so a token-trie walk can branch from one state cheaply.
  */
+import * as JsonNumbers from "./JsonNumbers.ts"
 
 /** A schema keyword this automaton cannot enforce, or a schema that cannot be satisfied. */
 export class SchemaError extends Error {
@@ -41,16 +49,12 @@ export type Node =
   | { readonly kind: "anyObject" }
   | { readonly kind: "array"; readonly items: Node; readonly min: number; readonly max: number }
   | { readonly kind: "string"; readonly min: number; readonly max: number }
-  | { readonly kind: "number"; readonly integer: boolean; readonly bounds: Bounds | undefined }
+  | { readonly kind: "number"; readonly integer: boolean; readonly bounds: JsonNumbers.Bounds | undefined }
   | { readonly kind: "literal"; readonly options: ReadonlyArray<Uint8Array> }
   | { readonly kind: "any" }
-
-interface Bounds {
-  readonly lo: number
-  readonly loClosed: boolean
-  readonly hi: number
-  readonly hiClosed: boolean
-}
+  | { readonly kind: "sequence"; readonly parts: ReadonlyArray<Node> }
+  | { readonly kind: "switch"; readonly cases: ReadonlyArray<{ readonly head: Uint8Array; readonly node: Node }> }
+  | { readonly kind: "repeat"; readonly item: Node }
 
 /** A compiled schema: the root's node. */
 export interface Grammar {
@@ -100,6 +104,27 @@ export const anyObject: Grammar = { root: { kind: "anyObject" } }
 export const choices = (options: ReadonlyArray<string>): Grammar => ({
   root: { kind: "literal", options: options.map(bytesOf) }
 })
+
+/** Text written as it is (not empty). */
+export const literal = (text: string): Node => ({ kind: "literal", options: [bytesOf(text)] })
+
+/** `parts` one after another, nothing between them. */
+export const sequence = (parts: ReadonlyArray<Node>): Node => ({ kind: "sequence", parts })
+
+/** Zero or more `item`s. */
+export const repeat = (item: Node): Node => ({ kind: "repeat", item })
+
+/** One of `cases`: its `head` written as it is, then its `node`. No head may be a prefix of another. */
+export const switchOn = (cases: ReadonlyArray<{ readonly head: string; readonly node: Node }>): Node => {
+  const heads = cases.map((c) => c.head)
+  const clash = heads.find((h, i) => h === "" || heads.some((other, j) => j !== i && other.startsWith(h)))
+  if (clash !== undefined) throw new Error(`JsonGrammar.switchOn: the head ${JSON.stringify(clash)} is ambiguous`)
+  return { kind: "switch", cases: cases.map((c) => ({ head: bytesOf(c.head), node: c.node })) }
+}
+
+/** Whether `node` matches the empty output. */
+const nullable = (node: Node): boolean =>
+  node.kind === "repeat" || (node.kind === "sequence" && node.parts.every(nullable))
 
 const count = (schema: Record<string, unknown>, key: string, at: string): number | undefined => {
   const v = schema[key]
@@ -219,14 +244,14 @@ const nodeOf = (schema: unknown, at: string): Node => {
       // the tighter of each pair
       const lo = Math.max(minimum ?? -Infinity, exMin ?? -Infinity)
       const hi = Math.min(maximum ?? Infinity, exMax ?? Infinity)
-      const bounds: Bounds = {
+      const bounds: JsonNumbers.Bounds = {
         lo,
         loClosed: exMin === undefined || exMin < lo,
         hi,
         hiClosed: exMax === undefined || exMax > hi
       }
       const node: Node = { kind: "number", integer, bounds }
-      if (!feasible(integer, bounds, "")) {
+      if (!JsonNumbers.feasible(integer, bounds, "")) {
         throw new SchemaError(`no ${type} satisfies minimum/maximum at ${at}`, "minimum", at)
       }
       return node
@@ -236,108 +261,6 @@ const nodeOf = (schema: unknown, at: string): Node => {
     default:
       return literalNode([null])
   }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Numbers: which prefixes can still be completed into a number in range
-
-const maxIntDigits = 15
-const maxFracDigits = 15
-
-interface Interval {
-  readonly a: number
-  readonly b: number
-  readonly aClosed: boolean
-  readonly bClosed: boolean
-}
-
-/** The magnitudes a number written so far (`digits`, `dot`, `frac`; no sign) can still reach. */
-const magnitudes = (integer: boolean, digits: string, dot: boolean, frac: string): Array<Interval> => {
-  if (digits === "") return [{ a: 0, b: 10 ** maxIntDigits, aClosed: true, bClosed: false }]
-  const i = Number(digits)
-  if (dot) {
-    const x = Number(`${digits}.${frac}`)
-    return frac.length >= maxFracDigits
-      ? [{ a: x, b: x, aClosed: true, bClosed: true }]
-      : [{ a: x, b: x + 10 ** -frac.length, aClosed: true, bClosed: false }]
-  }
-  const out: Array<Interval> = integer
-    ? [{ a: i, b: i, aClosed: true, bClosed: true }]
-    : [{ a: i, b: i + 1, aClosed: true, bClosed: false }]
-  if (digits !== "0") {
-    for (let k = 1; digits.length + k <= maxIntDigits; k++) {
-      out.push({ a: i * 10 ** k, b: (i + 1) * 10 ** k, aClosed: true, bClosed: false })
-    }
-  }
-  return out
-}
-
-const meets = (integer: boolean, x: Interval, bounds: Bounds): boolean => {
-  if (integer) {
-    const lower = Math.max(
-      x.aClosed ? Math.ceil(x.a) : Math.floor(x.a) + 1,
-      bounds.loClosed ? Math.ceil(bounds.lo) : Math.floor(bounds.lo) + 1
-    )
-    const upper = Math.min(
-      x.bClosed ? Math.floor(x.b) : Math.ceil(x.b) - 1,
-      bounds.hiClosed ? Math.floor(bounds.hi) : Math.ceil(bounds.hi) - 1
-    )
-    return lower <= upper
-  }
-  const [lo, loClosed] =
-    x.a > bounds.lo
-      ? [x.a, x.aClosed]
-      : x.a < bounds.lo
-        ? [bounds.lo, bounds.loClosed]
-        : [x.a, x.aClosed && bounds.loClosed]
-  const [hi, hiClosed] =
-    x.b < bounds.hi
-      ? [x.b, x.bClosed]
-      : x.b > bounds.hi
-        ? [bounds.hi, bounds.hiClosed]
-        : [x.b, x.bClosed && bounds.hiClosed]
-  return lo < hi || (lo === hi && loClosed && hiClosed)
-}
-
-const negate = (x: Interval): Interval => ({ a: -x.b, b: -x.a, aClosed: x.bClosed, bClosed: x.aClosed })
-
-/** Whether the number prefix `text` (grammatical) can be completed into a number within `bounds`. */
-const feasible = (integer: boolean, bounds: Bounds | undefined, text: string): boolean => {
-  if (bounds === undefined) return true
-  const negative = text.startsWith("-")
-  const body = negative ? text.slice(1) : text
-  const dotAt = body.indexOf(".")
-  const digits = dotAt < 0 ? body : body.slice(0, dotAt)
-  const frac = dotAt < 0 ? "" : body.slice(dotAt + 1)
-  const mags = magnitudes(integer, digits, dotAt >= 0, frac)
-  const signed = text === "" ? [...mags, ...mags.map(negate)] : negative ? mags.map(negate) : mags
-  return signed.some((x) => meets(integer, x, bounds))
-}
-
-const inBounds = (bounds: Bounds | undefined, x: number) =>
-  bounds === undefined ||
-  ((bounds.loClosed ? x >= bounds.lo : x > bounds.lo) && (bounds.hiClosed ? x <= bounds.hi : x < bounds.hi))
-
-/** The number prefix `text` extended by byte `c`, or undefined when that is not a number's prefix. */
-const extendNumber = (integer: boolean, text: string, c: number): string | undefined => {
-  const ch = String.fromCharCode(c)
-  const negative = text.startsWith("-")
-  const body = negative ? text.slice(1) : text
-  const dotAt = body.indexOf(".")
-  if (ch === "-") return text === "" ? "-" : undefined
-  if (ch === ".") {
-    return integer || body === "" || dotAt >= 0 ? undefined : `${text}.`
-  }
-  if (c < 0x30 || c > 0x39) return undefined
-  if (dotAt >= 0) return body.length - dotAt - 1 >= maxFracDigits ? undefined : text + ch
-  if (body === "0" || body.length >= maxIntDigits) return undefined
-  return text + ch
-}
-
-const numberComplete = (node: { readonly integer: boolean; readonly bounds: Bounds | undefined }, text: string) => {
-  const body = text.startsWith("-") ? text.slice(1) : text
-  if (body === "" || body.endsWith(".")) return false
-  return inBounds(node.bounds, Number(text))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -374,6 +297,8 @@ export type Frame =
       readonly phase: "body" | "esc" | "hex" | "utf8" | "done"
       readonly count: number
       readonly pending: number
+      /** The UTF-8 lead byte whose first continuation byte comes next (it narrows that byte's range); else 0. */
+      readonly lead: number
     }
   | { readonly t: "num"; readonly node: Extract<Node, { kind: "number" }>; readonly text: string }
   | {
@@ -382,6 +307,17 @@ export type Frame =
       readonly alive: ReadonlyArray<number>
       readonly pos: number
     }
+  /** In a sequence: the part at `index` is being written (or comes next). */
+  | { readonly t: "seq"; readonly node: Extract<Node, { kind: "sequence" }>; readonly index: number }
+  | {
+      readonly t: "switch"
+      readonly node: Extract<Node, { kind: "switch" }>
+      /** head: the heads in `alive` matched up to `pos`; body: the one left (`alive[0]`) is followed by its node */
+      readonly phase: "head" | "body" | "done"
+      readonly alive: ReadonlyArray<number>
+      readonly pos: number
+    }
+  | { readonly t: "rep"; readonly node: Extract<Node, { kind: "repeat" }>; readonly count: number }
 
 /** An automaton state: a stack of frames (innermost first); immutable. */
 export interface State {
@@ -425,11 +361,17 @@ const complete = (frame: Frame): boolean => {
     case "str":
       return frame.phase === "done"
     case "num":
-      return numberComplete(frame.node, frame.text)
+      return JsonNumbers.numberComplete(frame.node, frame.text)
     case "lit":
       return frame.alive.some((i) => frame.options[i]!.length === frame.pos)
     case "value":
       return false
+    case "seq":
+      return frame.node.parts.slice(frame.index).every(nullable)
+    case "switch":
+      return frame.phase === "done"
+    case "rep":
+      return true
   }
 }
 
@@ -442,6 +384,12 @@ const resume = (frame: Frame): Frame => {
       return { ...frame, phase: frame.phase === "key" ? "colon" : "after" }
     case "arr":
       return { ...frame, phase: "after", count: frame.count + 1 }
+    case "seq":
+      return { ...frame, index: frame.index + 1 }
+    case "switch":
+      return { ...frame, phase: "done" }
+    case "rep":
+      return { ...frame, count: frame.count + 1 }
     default:
       throw new Error(`JsonGrammar: a ${frame.t} frame has no children`)
   }
@@ -538,14 +486,36 @@ const feed = (state: State, c: number): State | undefined => {
     case "str":
       return feedString(state, f, c)
     case "num": {
-      const text = extendNumber(f.node.integer, f.text, c)
-      if (text === undefined || !feasible(f.node.integer, f.node.bounds, text)) return undefined
+      const text = JsonNumbers.extendNumber(f.node.integer, f.text, c)
+      if (text === undefined || !JsonNumbers.feasible(f.node.integer, f.node.bounds, text)) return undefined
       return with_(state, { ...f, text })
     }
     case "lit": {
       const alive = f.alive.filter((i) => f.options[i]![f.pos] === c)
       return alive.length === 0 ? undefined : with_(state, { ...f, alive, pos: f.pos + 1 })
     }
+    case "seq":
+      // a part that may be empty is skipped when `c` cannot start it
+      for (let i = f.index; i < f.node.parts.length; i++) {
+        const next = pushValue(with_(state, { ...f, index: i }), f.node.parts[i]!, c)
+        if (next !== undefined || !nullable(f.node.parts[i]!)) return next
+      }
+      return undefined
+    case "switch": {
+      if (f.phase === "body") return pushValue(state, f.node.cases[f.alive[0]!]!.node, c)
+      if (f.phase === "done") return undefined
+      const alive = f.alive.filter((i) => f.node.cases[i]!.head[f.pos] === c)
+      if (alive.length === 0) return undefined
+      const chosen = alive.find((i) => f.node.cases[i]!.head.length === f.pos + 1)
+      return with_(
+        state,
+        chosen === undefined
+          ? { ...f, alive, pos: f.pos + 1 }
+          : { ...f, phase: "body", alive: [chosen], pos: f.pos + 1 }
+      )
+    }
+    case "rep":
+      return pushValue(state, f.node.item, c)
   }
 }
 
@@ -566,7 +536,7 @@ const startValue = (state: State, node: Node, c: number): State | undefined => {
     case "array":
       return c === 0x5b ? with_(state, { t: "arr", node, phase: "open", count: 0 }) : undefined
     case "string":
-      return c === QUOTE ? with_(state, { t: "str", node, phase: "body", count: 0, pending: 0 }) : undefined
+      return c === QUOTE ? with_(state, { t: "str", node, phase: "body", count: 0, pending: 0, lead: 0 }) : undefined
     case "number":
       return feed(with_(state, { t: "num", node, text: "" }), c)
     case "literal":
@@ -577,6 +547,12 @@ const startValue = (state: State, node: Node, c: number): State | undefined => {
       if (c === QUOTE) return startValue(state, anyKey, c)
       if (c === 0x2d || (c >= 0x30 && c <= 0x39)) return startValue(state, anyNumber, c)
       return startValue(state, jsonWords, c)
+    case "sequence":
+      return feed(with_(state, { t: "seq", node, index: 0 }), c)
+    case "switch":
+      return feed(with_(state, { t: "switch", node, phase: "head", alive: node.cases.map((_, i) => i), pos: 0 }), c)
+    case "repeat":
+      return feed(with_(state, { t: "rep", node, count: 0 }), c)
   }
 }
 
@@ -591,11 +567,15 @@ const feedString = (state: State, f: Extract<Frame, { t: "str" }>, c: number): S
       if (c < 0x80) return with_(state, { ...f, count: f.count + 1 })
       // a UTF-8 lead byte and how many continuation bytes it needs
       const pending = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0
-      return pending === 0 ? undefined : with_(state, { ...f, phase: "utf8", count: f.count + 1, pending })
+      return pending === 0 ? undefined : with_(state, { ...f, phase: "utf8", count: f.count + 1, pending, lead: c })
     }
-    case "utf8":
-      if (c < 0x80 || c > 0xbf) return undefined
-      return with_(state, { ...f, phase: f.pending === 1 ? "body" : "utf8", pending: f.pending - 1 })
+    case "utf8": {
+      // the first continuation byte after E0, ED, F0, F4 is narrowed: no overlong forms, surrogates or > U+10FFFF
+      const lo = f.lead === 0xe0 ? 0xa0 : f.lead === 0xf0 ? 0x90 : 0x80
+      const hi = f.lead === 0xed ? 0x9f : f.lead === 0xf4 ? 0x8f : 0xbf
+      if (c < lo || c > hi) return undefined
+      return with_(state, { ...f, phase: f.pending === 1 ? "body" : "utf8", pending: f.pending - 1, lead: 0 })
+    }
     case "esc":
       if (c === 0x75) return with_(state, { ...f, phase: "hex", pending: 4 })
       return '"\\/bfnrt'.includes(String.fromCharCode(c)) ? with_(state, { ...f, phase: "body" }) : undefined
@@ -607,14 +587,34 @@ const feedString = (state: State, f: Extract<Frame, { t: "str" }>, c: number): S
   }
 }
 
-/** Whether the bytes so far are a whole value (the output may end here). */
-export const accepting = (state: State): boolean => state.up === undefined && complete(state.frame)
+/** Whether the bytes so far are a whole output (the output may end here): every frame on the stack is complete. */
+export const accepting = (state: State): boolean => {
+  let s = state
+  while (complete(s.frame)) {
+    if (s.up === undefined) return true
+    s = with_(s.up, resume(s.up.frame))
+  }
+  return false
+}
 
 /** Whether the output is complete and nothing can follow: generation stops here. */
 export const final = (state: State): boolean => {
   if (!accepting(state)) return false
   for (let c = 0; c < 256; c++) if (step(state, c) !== undefined) return false
   return true
+}
+
+/**
+ * Whether `state` is inside a JSON value (an object, array, string or number, or the node a `switch` head chose), as
+ * opposed to the literal text around values: markup tokens (`<tool_call>`) may stand only for that text.
+ */
+export const inValue = (state: State): boolean => {
+  for (let s: State | undefined = state; s !== undefined; s = s.up) {
+    const t = s.frame.t
+    if (t === "obj" || t === "anyObj" || t === "arr" || t === "str" || t === "num") return true
+    if (s.frame.t === "switch" && s.frame.phase === "body") return true
+  }
+  return false
 }
 
 /** Run `bytes` from `state`; undefined when one of them cannot come. */

@@ -16,8 +16,9 @@
  * The mask: each token's bytes are precomputed once per tokenizer (byte tokenizer: ids 0–255 are the bytes; byte-level
  * BPE: the GPT-2 byte alphabet of the token's string; SentencePiece: `<0xNN>` byte fallback and `▁` as a space) and put
  * in a trie; before each draw a walk of the trie from the automaton's state allows exactly the tokens whose bytes all
- * keep it live, pruning a subtree at its first dead byte. Added tokens (special and markup tokens) are never allowed;
- * the stop tokens are allowed only where the output may end. The walk's masks are memoised per automaton state.
+ * keep it live, pruning a subtree at its first dead byte. Added tokens (special and markup tokens) are never allowed,
+ * except the markup tokens a constraint is given (a tool call's `<tool_call>`, which a model writes as one token); the
+ * stop tokens are allowed only where the output may end. The walk's masks are memoised per automaton state.
  */
 import type * as Sampling from "../model/Sampling.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
@@ -236,7 +237,7 @@ const keyOf = (state: JsonGrammar.State): string => {
     switch (f.t) {
       case "str":
         parts.push(
-          `s${f.phase}${f.pending}:${f.node.max === Number.POSITIVE_INFINITY ? Math.min(f.count, f.node.min) : f.count}`
+          `s${f.phase}${f.pending}${f.lead}:${f.node.max === Number.POSITIVE_INFINITY ? Math.min(f.count, f.node.min) : f.count}`
         )
         break
       case "lit":
@@ -256,6 +257,15 @@ const keyOf = (state: JsonGrammar.State): string => {
         break
       case "arr":
         parts.push(`r${f.phase}${f.node.max === Number.POSITIVE_INFINITY ? Math.min(f.count, f.node.min) : f.count}`)
+        break
+      case "seq":
+        parts.push(`q${f.index}`)
+        break
+      case "switch":
+        parts.push(`w${f.phase}${f.pos}:${f.alive.join(",")}`)
+        break
+      case "rep":
+        parts.push("p") // no bound on the count: it changes nothing that may follow
         break
     }
   }
@@ -292,15 +302,28 @@ export const memoFor = (trie: TokenTrie, key: string): MaskMemo => {
 }
 
 /**
+ * The added tokens whose text is part of one of `texts` (e.g. `<tool_call>` in a call's opening markup), as id → bytes:
+ * a model writes such markup as one token, which the byte trie does not hold.
+ */
+export const markupTokens = (tokenizer: TokenizerImpl, texts: ReadonlyArray<string>): ReadonlyMap<number, Uint8Array> =>
+  new Map(
+    tokenizer.addedTokens
+      .filter((t) => t.content !== "" && texts.some((text) => text.includes(t.content)))
+      .map((t) => [t.id, encoder.encode(t.content)])
+  )
+
+/**
  * A fresh per-request constraint: the grammar's automaton over the tokenizer's tokens. `stopTokenIds` are allowed
  * once the output may end (an output that can go on, e.g. a bare number, ends at a stop token or when nothing can
- * follow). Masks are memoised per state in `memo` (shared by the requests of one grammar).
+ * follow). `markup` (`markupTokens`) are allowed where their bytes fit outside JSON values. Masks are memoised per
+ * state in `memo` (shared by the requests of one grammar and markup).
  */
 export const constraint = (
   grammar: JsonGrammar.Grammar,
   trie: TokenTrie,
   stopTokenIds: ReadonlyArray<number>,
-  memo: MaskMemo = { masks: new Map(), ids: 0 }
+  memo: MaskMemo = { masks: new Map(), ids: 0 },
+  markup: ReadonlyMap<number, Uint8Array> = new Map()
 ): Sampling.Constraint => {
   let state = JsonGrammar.start(grammar)
   return {
@@ -309,6 +332,13 @@ export const constraint = (
       let allowed = memo.masks.get(key)
       if (allowed === undefined) {
         const ids = allowedTokens(trie, state)
+        // a markup token stands for the text around values, never for characters inside one (a string argument)
+        if (!JsonGrammar.inValue(state)) {
+          for (const [id, bytes] of markup) {
+            const next = JsonGrammar.run(state, bytes)
+            if (next !== undefined && !JsonGrammar.inValue(next)) ids.push(id)
+          }
+        }
         if (JsonGrammar.accepting(state)) ids.push(...stopTokenIds)
         allowed = Int32Array.from(ids.filter((id) => id < logits.length))
         if (memo.ids + allowed.length <= memoBudget) {
@@ -323,7 +353,7 @@ export const constraint = (
       return allowed.length > 0
     },
     accept: (token) => {
-      const bytes = trie.bytes[token]
+      const bytes = trie.bytes[token] ?? markup.get(token)
       const next = bytes === undefined ? undefined : JsonGrammar.run(state, bytes)
       if (next === undefined) throw new Error(`StructuredOutput: token ${token} was drawn but the mask forbids it`)
       state = next

@@ -6,10 +6,10 @@
 import { NodeServices } from "@effect/platform-node"
 import { Effect } from "effect"
 import { assert, describe, it } from "vitest"
-import * as JsonGrammar from "../../src/serve/JsonGrammar.ts"
-import * as StructuredOutput from "../../src/serve/StructuredOutput.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Sampling from "../../src/model/Sampling.ts"
+import * as JsonGrammar from "../../src/serve/JsonGrammar.ts"
+import * as StructuredOutput from "../../src/serve/StructuredOutput.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 

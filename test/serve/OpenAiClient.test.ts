@@ -230,7 +230,7 @@ describe("serve through the openai client", () => {
     assert.strictEqual(content, whole.choices[0]!.message.content)
   })
 
-  it("tool_choice: required and a named function keep the calls asked for, refuse a reply without them", async () => {
+  it("tool_choice: required and a named function constrain the reply to the calls asked for", async () => {
     const base = { model: servedName, messages: question, tools, temperature: 0, max_tokens: 48 }
     const auto = await client.chat.completions.create({ ...base, tool_choice: "auto" })
     // the run's `tool_prompt: none`: the tools reach the tool parser, not the prompt
@@ -249,17 +249,29 @@ describe("serve through the openai client", () => {
         (c) => (c as OpenAI.Chat.ChatCompletionMessageFunctionToolCall).function.name === first.function.name
       )
     )
-    // a function the reply does not call: no constrained decoding here, so a 400 saying so
+    // a function the policy would not call here: decoding is constrained to it, arguments as its schema says
     const other = tools.map((t) => t.function.name).find((n) => n !== first.function.name && n !== "add")!
-    const refused = await apiError(() =>
-      client.chat.completions.create({
-        ...base,
-        max_tokens: 4, // too short for any whole call
-        tool_choice: { type: "function", function: { name: other } }
-      })
-    )
-    assert.strictEqual(refused.status, 400)
-    assert.strictEqual(refused.param, "tool_choice")
+    const forced = await client.chat.completions.create({
+      ...base,
+      max_tokens: 64,
+      tool_choice: { type: "function", function: { name: other } },
+      parallel_tool_calls: false
+    })
+    assert.strictEqual(forced.choices[0]!.finish_reason, "tool_calls")
+    const call = forced.choices[0]!.message.tool_calls!
+    assert.lengthOf(call, 1)
+    assert.strictEqual((call[0] as OpenAI.Chat.ChatCompletionMessageFunctionToolCall).function.name, other)
+    const args = JSON.parse((call[0] as OpenAI.Chat.ChatCompletionMessageFunctionToolCall).function.arguments)
+    assert.deepStrictEqual(Object.keys(args), ["a", "b"])
+    assert.isTrue(Object.values(args).every((v) => typeof v === "number"))
+    // too short for any whole call: a length stop, the unfinished call as content
+    const short = await client.chat.completions.create({
+      ...base,
+      max_tokens: 4,
+      tool_choice: { type: "function", function: { name: other } }
+    })
+    assert.strictEqual(short.choices[0]!.finish_reason, "length")
+    assert.isUndefined(short.choices[0]!.message.tool_calls)
     // a name not in `tools`, and tool_choice without tools: vLLM's 400s
     const unknown = await apiError(() =>
       client.chat.completions.create({ ...base, tool_choice: { type: "function", function: { name: "divide" } } })
