@@ -2,9 +2,10 @@
  * The tfjs backend a process computes on. tfjs backends are process-global, so this service is initialised once per
  * process (or worker thread) and reports what it picked. `auto` prefers the native TensorFlow bindings when the user
  * has installed them (`@tensorflow/tfjs-node-gpu`; they are optional peers that cannot be installed in every
- * environment), then WebGPU through Dawn when it finds a hardware adapter (a GPU with a Vulkan driver; a software
- * rasteriser such as lavapipe only when asked for by name), then `@tensorflow/tfjs-node`, effect-rl's `native` backend
- * (when its kernels built: tensors in JS memory, no 4 GB ceiling), wasm, and the pure-JS cpu backend.
+ * environment), then WebGPU through Dawn when it finds a hardware adapter (a GPU with a Vulkan driver, looked for only
+ * where a GPU device exists and without printing; a software rasteriser such as lavapipe only when asked for by name),
+ * then `@tensorflow/tfjs-node`, effect-rl's `native` backend (when its kernels built: tensors in JS memory, no 4 GB
+ * ceiling), wasm, and the pure-JS cpu backend.
  */
 
 import { availableParallelism } from "node:os"
@@ -51,6 +52,8 @@ const activate = async (
 ): Promise<void> => {
   switch (name) {
     case "webgpu": {
+      // auto decides in a child process (no Dawn here): Dawn's warnings reach the terminal only if webgpu is chosen
+      if (auto) await WebGpu.findHardware()
       const adapter = await WebGpu.probe()
       if (auto && adapter.software) throw new Error(`only a software adapter (${adapter.description})`)
       await WebGpu.activate()

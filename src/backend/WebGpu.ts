@@ -20,7 +20,15 @@
  * - **Device errors are errors.** Dawn reports validation and out-of-memory errors to a callback, not to the call
  *   that caused them, and the computation goes on with invalid results. The first such error is kept and thrown by
  *   the next read (`tensor.data()`), so a step that hit one fails instead of training on garbage.
+ *
+ * `auto` looks for a hardware adapter without a Dawn instance in its own process (`findHardware`): Dawn writes its
+ * warnings (e.g. lavapipe's "maxDynamicUniformBuffersPerPipelineLayout artificially reduced") to fd 2 from native
+ * code, where no JS-level redirection reaches, and they would otherwise greet every run that then skips webgpu.
  */
+import { execFile } from "node:child_process"
+import { readdirSync } from "node:fs"
+import { createRequire } from "node:module"
+import { pathToFileURL } from "node:url"
 import * as tf from "@tensorflow/tfjs"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
@@ -70,6 +78,21 @@ const isSoftware = (info: AdapterLike["info"]): boolean =>
   info.architecture === "software" ||
   /llvmpipe|lavapipe|swiftshader/i.test(`${info.device} ${info.description}`)
 
+const toAdapter = (
+  info: AdapterLike["info"],
+  limits: Record<string, number | undefined>,
+  features: Iterable<string>
+): Adapter => ({
+  vendor: info.vendor,
+  architecture: info.architecture,
+  device: info.device,
+  description: info.description,
+  software: isSoftware(info),
+  maxStorageBufferBindingSize: limits["maxStorageBufferBindingSize"] ?? 134_217_728,
+  maxBufferSize: limits["maxBufferSize"] ?? 268_435_456,
+  features: [...features].sort()
+})
+
 /**
  * Load Dawn, install the globals tfjs-backend-webgpu expects and find the adapter tfjs will use (high-performance).
  * Rejects, saying why, when the package does not load or no adapter is found (no Vulkan driver). Idempotent.
@@ -92,18 +115,91 @@ export const probe = async (): Promise<Adapter> => {
     )
   }
   found = requested
-  const info = requested.info
-  adapter = {
-    vendor: info.vendor,
-    architecture: info.architecture,
-    device: info.device,
-    description: info.description,
-    software: isSoftware(info),
-    maxStorageBufferBindingSize: requested.limits["maxStorageBufferBindingSize"] ?? 134_217_728,
-    maxBufferSize: requested.limits["maxBufferSize"] ?? 268_435_456,
-    features: [...requested.features].sort()
-  }
+  adapter = toAdapter(requested.info, requested.limits, requested.features)
   return adapter
+}
+
+/**
+ * The device nodes (under `dev`) through which Linux reaches a GPU: a DRM render node (`dri/renderD128`: Mesa's RADV,
+ * ANV, NVK, virtio-gpu, …), the NVIDIA driver's `nvidia0`…, WSL 2's `dxg`, Arm's `mali0`. With none, every Vulkan
+ * adapter Dawn could find runs on the CPU (lavapipe).
+ */
+export const gpuDeviceNodes = (dev = "/dev"): ReadonlyArray<string> => {
+  const list = (dir: string): ReadonlyArray<string> => {
+    try {
+      return readdirSync(dir)
+    } catch {
+      return [] // no /dev/dri: no DRM driver loaded
+    }
+  }
+  return [
+    ...list(`${dev}/dri`)
+      .filter((name) => /^renderD\d+$/.test(name))
+      .map((name) => `dri/${name}`),
+    ...list(dev).filter((name) => /^(nvidia\d+|dxg|mali\d+)$/.test(name))
+  ].sort()
+}
+
+/** The lookup `probeQuietly`'s child runs: one JSON line with what `requestAdapter` found (null for none). */
+const probeScript = `
+const dawn = await import(process.argv[1])
+const found = await dawn.create([]).requestAdapter({ powerPreference: "high-performance" })
+const info = found?.info
+const seen = found === null ? null : {
+  info: { vendor: info.vendor, architecture: info.architecture, device: info.device, description: info.description,
+    isFallbackAdapter: info.isFallbackAdapter },
+  limits: { maxStorageBufferBindingSize: found.limits.maxStorageBufferBindingSize,
+    maxBufferSize: found.limits.maxBufferSize },
+  features: [...found.features]
+}
+process.stdout.write(JSON.stringify(seen) + "\\n", () => process.exit(0))
+`
+
+/**
+ * The adapter `probe` would find (undefined for none), looked up in a child process whose output is kept from the
+ * terminal: nothing Dawn prints reaches this process's stderr and no Dawn instance is created here. About 0.1 s.
+ * Rejects, with the child's last words, when Dawn fails to load or the lookup takes over `timeoutMs`.
+ */
+export const probeQuietly = (timeoutMs = 30_000): Promise<Adapter | undefined> => {
+  const entry = pathToFileURL(createRequire(import.meta.url).resolve("webgpu")).href
+  return new Promise((resolve, reject) => {
+    execFile(
+      process.execPath,
+      ["--input-type=module", "-e", probeScript, entry],
+      { timeout: timeoutMs, killSignal: "SIGKILL" },
+      (error, stdout, stderr) => {
+        if (error !== null) {
+          const last = stderr.trim().split("\n").at(-1) || error.message
+          return reject(new Error(`the WebGPU adapter lookup failed (${error.signal ?? error.code}): ${last}`))
+        }
+        try {
+          // the last line: anything a driver wrote to stdout comes before it
+          const seen = JSON.parse(stdout.trim().split("\n").at(-1)!) as {
+            info: AdapterLike["info"]
+            limits: Record<string, number | undefined>
+            features: Array<string>
+          } | null
+          resolve(seen === null ? undefined : toAdapter(seen.info, seen.limits, seen.features))
+        } catch (cause) {
+          reject(new Error(`the WebGPU adapter lookup printed no adapter: ${String(cause)}`))
+        }
+      }
+    )
+  })
+}
+
+/**
+ * The hardware adapter `auto` may use, found without anything printed: rejects, saying why, when no GPU device node
+ * exists (Linux; no Dawn is loaded then), when Dawn finds no adapter, or when the only one is a software rasteriser.
+ */
+export const findHardware = async (): Promise<Adapter> => {
+  if (process.platform === "linux" && gpuDeviceNodes().length === 0) {
+    throw new Error("no GPU here (no /dev/dri render node, /dev/nvidia0 or /dev/dxg)")
+  }
+  const seen = await probeQuietly()
+  if (seen === undefined) throw new Error("no WebGPU adapter (no Vulkan driver)")
+  if (seen.software) throw new Error(`only a software adapter (${seen.description})`)
+  return seen
 }
 
 /** The limits we ask the device for: the adapter's, for what tfjs's kernels are bounded by. */

@@ -3,6 +3,7 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as NativeKernels from "../../src/native/NativeKernels.ts"
+import * as Cli from "../fixtures/Cli.ts"
 
 /**
  * One forward + backward + Adam step of a graph with every op family training needs: embedding lookup (gather, whose
@@ -80,6 +81,26 @@ describe("TensorBackend", () => {
       }
     })
   )
+
+  it("auto prints nothing from a backend it skips (Dawn's adapter warnings where lavapipe is the only driver)", () => {
+    const result = Cli.run([
+      "model",
+      "logprobs",
+      "--model",
+      "data/quickstart/policy",
+      "--ids",
+      "72,105,33",
+      "--backend",
+      "auto"
+    ])
+    assert.strictEqual(result.code, 0, result.stderr)
+    const chosen = /tensor backend: ([\w-]+) \(auto\)/.exec(result.stderr)
+    assert.isNotNull(chosen, result.stderr)
+    if (chosen![1] !== "webgpu") {
+      assert.notMatch(result.stderr, /Dawn|artificially reduced|^Warning/im)
+      assert.notMatch(result.stderr, /webgpu adapter: /)
+    }
+  })
 
   it.effect("fails with a typed error naming the backend when it is not installed", () =>
     Effect.gen(function* () {

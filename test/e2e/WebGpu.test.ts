@@ -78,7 +78,7 @@ describe.skipIf(!available)("webgpu backend", () => {
     } finally {
       fs.rmSync(runDir, { recursive: true, force: true })
     }
-  })
+  }, 600_000) // lavapipe is slow: these two steps took over 2 minutes on a busy 2-core machine
 
   it("auto takes a hardware adapter only: a software one (lavapipe) is skipped unless asked for by name", async () => {
     const info = await Effect.runPromise(TensorBackend.initialise({ name: "auto", threads: 0, kernels: "stock" }))
