@@ -111,7 +111,8 @@ const main = () => {
   const abiHeader = refreshAbiHeader()
   const openblas = ensureOpenBlas()
   const blas = blasHere()
-  const result = spawnSync(process.execPath, [nodeGyp, "rebuild", `--nodedir=${nodeDir}`], {
+  // one compiler per core: the sources are independent translation units, and at -O3 they are most of `npm ci`'s time
+  const result = spawnSync(process.execPath, [nodeGyp, "rebuild", `--nodedir=${nodeDir}`, "--jobs=max"], {
     cwd: nativeDir,
     encoding: "utf8",
     timeout: 600_000,

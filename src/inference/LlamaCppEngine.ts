@@ -1,7 +1,8 @@
 /**
- * Rollouts on llama.cpp (through node-llama-cpp, loaded only when this engine is chosen: a user without the optional
- * package runs everything else): each policy version is exported as a GGUF file (model/GgufExport.ts, tensor type
- * `type`) and loaded; token ids in, token ids + behaviour log-probs + finish reason + versions out.
+ * Rollouts on llama.cpp (through node-llama-cpp, which `npm run setup:llamacpp` installs and ./LlamaCppPackage.ts
+ * loads only when this engine is chosen: a user without it runs everything else): each policy version is exported as
+ * a GGUF file (model/GgufExport.ts, tensor type `type`) and loaded; token ids in, token ids + behaviour log-probs +
+ * finish reason + versions out.
  *
  * Log-probs: node-llama-cpp's `confidence` is the probability of the sampled token under softmax over the
  * candidates its sampler chain leaves (top-k → top-p → temperature), in float32. Requests ask for top-k 0 (the
@@ -51,6 +52,7 @@ import * as GgufLora from "../model/GgufLora.ts"
 import * as Lora from "../model/Lora.ts"
 import * as Transformer from "../model/Transformer.ts"
 import { type GenerateRequest, type GenerateResult, InferenceEngine } from "./InferenceEngine.ts"
+import * as LlamaCppPackage from "./LlamaCppPackage.ts"
 
 export interface LlamaCppEngineOptions {
   /** The policy's model: its config, and its weights for version 0 and for snapshots that carry no tensors. */
@@ -122,12 +124,8 @@ const fail = (message: string) => (cause: unknown) =>
 
 // biome-ignore lint/complexity/noExcessiveLinesPerFunction: a make closure is its service's class (400 lines at most)
 export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions) {
-  yield* Effect.tryPromise({
-    try: () => import("node-llama-cpp"),
-    catch: fail(
-      "generator.engine.kind llamacpp needs the optional package node-llama-cpp (npm i -E node-llama-cpp@3.21.1)"
-    )
-  })
+  // here as well as in the worker: a missing node-llama-cpp fails the layer, saying how to install it
+  yield* Effect.tryPromise({ try: LlamaCppPackage.load, catch: fail("generator.engine.kind llamacpp") })
   const config = options.model.config
   const contextSize = Math.min(options.contextSize ?? Infinity, config.maxPositionEmbeddings)
   let arrays = new Map<string, GgufExport.HfArray>()

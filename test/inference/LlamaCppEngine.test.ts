@@ -17,6 +17,7 @@ import * as Lora from "../../src/model/Lora.ts"
 import * as Prng from "../../src/model/Prng.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
+import * as LlamaCpp from "../fixtures/LlamaCpp.ts"
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "llamacpp-engine-"))
 afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }))
@@ -38,7 +39,7 @@ const sampling = {
 }
 const requests = prompts.map((promptIds) => ({ promptIds, sampling }))
 
-describe("LlamaCppEngine", () => {
+describe.skipIf(!LlamaCpp.available)(`LlamaCppEngine${LlamaCpp.skipped}`, () => {
   it("samples greedily as LocalEngine does (tokens, log-probs within 1e-3) and records each request's version", async () => {
     await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
     const { model } = await Checkpoint.load("data/quickstart/policy")
@@ -192,4 +193,24 @@ describe("LlamaCppEngine", () => {
       Transformer.dispose(model)
     }
   }, 120_000)
+})
+
+// runs where node-llama-cpp is not installed (a checkout before `npm run setup:llamacpp`)
+describe.skipIf(LlamaCpp.available)("LlamaCppEngine without node-llama-cpp", () => {
+  it("fails to start, saying the command that installs it", async () => {
+    await Effect.runPromise(TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" }))
+    const { model } = await Checkpoint.load("data/quickstart/policy")
+    try {
+      const exit = await Effect.runPromiseExit(
+        Effect.scoped(LlamaCppEngine.make({ model, tokenizer: tokenizerFiles, type: "F32", dir: tmp, maxBatch: 1 }))
+      )
+      assert.isTrue(exit._tag === "Failure")
+      assert.match(
+        String(exit),
+        /generator\.engine\.kind llamacpp: node-llama-cpp is not installed.*npm run setup:llamacpp/
+      )
+    } finally {
+      Transformer.dispose(model)
+    }
+  })
 })

@@ -76,7 +76,7 @@ const checkParity = async (model: Transformer.Transformer, name: string) => {
   }
 }
 
-describe("GgufExport in llama.cpp", () => {
+describe.skipIf(!LlamaCpp.available)(`GgufExport in llama.cpp${LlamaCpp.skipped}`, () => {
   for (const [architecture, tie] of [
     ["qwen3", true],
     ["qwen3", false],

@@ -86,7 +86,7 @@ const writeBase = async (model: Transformer.Transformer, name: string) => {
   return file
 }
 
-describe("GgufLora in llama.cpp", () => {
+describe.skipIf(!LlamaCpp.available)(`GgufLora in llama.cpp${LlamaCpp.skipped}`, () => {
   for (const architecture of ["qwen3", "llama"] as const) {
     it(`${architecture}: base + adapter give our adapted model's greedy continuation and log-probs within 1e-3 at F32`, async () => {
       // initializer range 0.3: a peaked next-token distribution, so greedy is not decided by float noise
@@ -128,6 +128,49 @@ describe("GgufLora in llama.cpp", () => {
     }, 120_000)
   }
 
+  it("model export --format gguf --adapter: a LoRA run's latest adapter loads in llama.cpp over the base's export", async () => {
+    const model = Transformer.init(testConfig("qwen3"), 13, 0.3)
+    const baseDir = path.join(tmp, "base")
+    await Checkpoint.save(model, baseDir)
+    for (const [name, content] of Object.entries(tokenizer.hfFiles()))
+      fs.writeFileSync(path.join(baseDir, name), JSON.stringify(content))
+    const baseFile = path.join(tmp, "cli-base.gguf")
+    await Effect.runPromise(ModelCommand.exportGguf(baseDir, baseFile, "F32"))
+    // a run directory as a LoRA run leaves it: checkpoints/latest → step-3, whose adapter/ names its base
+    const runDir = path.join(tmp, "run")
+    const weights = await randomAdapters(model, 9)
+    await Lora.writeDir(path.join(runDir, "checkpoints/step-3/adapter"), weights, baseDir)
+    fs.writeFileSync(path.join(runDir, "checkpoints/latest"), "step-3\n")
+    const loaded = await llamaCpp.get().loadModel({ modelPath: baseFile, gpuLayers: 0 })
+    try {
+      const out = path.join(tmp, "cli-adapter.gguf")
+      const exported = Cli.run(["model", "export", "--model", runDir, "--format", "gguf", "--adapter", "--out", out])
+      assert.strictEqual(exported.code, 0, exported.stderr.slice(-2000))
+      const result = JSON.parse(exported.lastLine)
+      assert.include(result, { format: "gguf-lora", rank: 4, alpha: 8, modules: 14, architecture: "qwen3" })
+      const ids = [...prompt, ...(await ours(model, prompt)).tokens]
+      const gap = maxAbs(await llamaTeacherForced(loaded, out, ids), await LogProbs.ofIds(model, ids))
+      assert.isBelow(gap, 1e-3, `log-probs differ by ${gap}`)
+
+      // refusals say what to do
+      const notAdapter = await Effect.runPromise(Effect.flip(ModelCommand.exportGgufAdapter(baseDir, out, "F32")))
+      assert.strictEqual(notAdapter._tag, "ConfigError")
+      assert.match(notAdapter.message, /whole model.*drop --adapter/)
+      const otherBase = path.join(tmp, "other-base")
+      await Checkpoint.save(Transformer.init(testConfig("llama"), 1, 0.3), otherBase)
+      const wrongBase = await Effect.runPromise(
+        Effect.flip(ModelCommand.exportGgufAdapter(runDir, out, "F32", { base: otherBase }))
+      )
+      assert.strictEqual(wrongBase._tag, "CheckpointError")
+      assert.match(`${wrongBase.path}: ${wrongBase.message}`, /adapter_model\.safetensors: .*q_proj.*--base/)
+    } finally {
+      await loaded.dispose()
+      Transformer.dispose(model)
+    }
+  }, 120_000)
+})
+
+describe("GgufLora", () => {
   it("writes llama.cpp's adapter layout: metadata, <base name>.lora_a ne=[in, r], .lora_b ne=[r, out]", () => {
     const config = testConfig("qwen3")
     const adapter: AdapterWeights = {
@@ -174,45 +217,4 @@ describe("GgufLora in llama.cpp", () => {
       /a\.safetensors: model\.layers\.1\.self_attn\.o_proj is lora_A \[4, 128\].*\[4, 64\].*--base/
     )
   })
-
-  it("model export --format gguf --adapter: a LoRA run's latest adapter loads in llama.cpp over the base's export", async () => {
-    const model = Transformer.init(testConfig("qwen3"), 13, 0.3)
-    const baseDir = path.join(tmp, "base")
-    await Checkpoint.save(model, baseDir)
-    for (const [name, content] of Object.entries(tokenizer.hfFiles()))
-      fs.writeFileSync(path.join(baseDir, name), JSON.stringify(content))
-    const baseFile = path.join(tmp, "cli-base.gguf")
-    await Effect.runPromise(ModelCommand.exportGguf(baseDir, baseFile, "F32"))
-    // a run directory as a LoRA run leaves it: checkpoints/latest → step-3, whose adapter/ names its base
-    const runDir = path.join(tmp, "run")
-    const weights = await randomAdapters(model, 9)
-    await Lora.writeDir(path.join(runDir, "checkpoints/step-3/adapter"), weights, baseDir)
-    fs.writeFileSync(path.join(runDir, "checkpoints/latest"), "step-3\n")
-    const loaded = await llamaCpp.get().loadModel({ modelPath: baseFile, gpuLayers: 0 })
-    try {
-      const out = path.join(tmp, "cli-adapter.gguf")
-      const exported = Cli.run(["model", "export", "--model", runDir, "--format", "gguf", "--adapter", "--out", out])
-      assert.strictEqual(exported.code, 0, exported.stderr.slice(-2000))
-      const result = JSON.parse(exported.lastLine)
-      assert.include(result, { format: "gguf-lora", rank: 4, alpha: 8, modules: 14, architecture: "qwen3" })
-      const ids = [...prompt, ...(await ours(model, prompt)).tokens]
-      const gap = maxAbs(await llamaTeacherForced(loaded, out, ids), await LogProbs.ofIds(model, ids))
-      assert.isBelow(gap, 1e-3, `log-probs differ by ${gap}`)
-
-      // refusals say what to do
-      const notAdapter = await Effect.runPromise(Effect.flip(ModelCommand.exportGgufAdapter(baseDir, out, "F32")))
-      assert.strictEqual(notAdapter._tag, "ConfigError")
-      assert.match(notAdapter.message, /whole model.*drop --adapter/)
-      const otherBase = path.join(tmp, "other-base")
-      await Checkpoint.save(Transformer.init(testConfig("llama"), 1, 0.3), otherBase)
-      const wrongBase = await Effect.runPromise(
-        Effect.flip(ModelCommand.exportGgufAdapter(runDir, out, "F32", { base: otherBase }))
-      )
-      assert.strictEqual(wrongBase._tag, "CheckpointError")
-      assert.match(`${wrongBase.path}: ${wrongBase.message}`, /adapter_model\.safetensors: .*q_proj.*--base/)
-    } finally {
-      await loaded.dispose()
-      Transformer.dispose(model)
-    }
-  }, 120_000)
 })

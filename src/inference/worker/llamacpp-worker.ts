@@ -10,14 +10,14 @@ import * as ByteTokenizer from "../../tokenizer/ByteTokenizer.ts"
 import * as HfTokenizer from "../../tokenizer/HfTokenizer.ts"
 import type { GenerateRequest, GenerateResult } from "../InferenceEngine.ts"
 import type { FromLlamaWorker, LlamaWorkerInit, ToLlamaWorker } from "../LlamaCppEngine.ts"
+import * as LlamaCppPackage from "../LlamaCppPackage.ts"
 
 const port = parentPort!
 const init = workerData as LlamaWorkerInit
 const post = (message: FromLlamaWorker) => port.postMessage(message)
 const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
 
-type LlamaModule = typeof import("node-llama-cpp")
-type LlamaModel = Awaited<ReturnType<Awaited<ReturnType<LlamaModule["getLlama"]>>["loadModel"]>>
+type LlamaModel = Awaited<ReturnType<LlamaCppPackage.Llama["loadModel"]>>
 type LlamaContext = Awaited<ReturnType<LlamaModel["createContext"]>>
 type LlamaSequence = ReturnType<LlamaContext["getSequence"]>
 
@@ -61,8 +61,7 @@ const decoder = ByteTokenizer.isByteTokenizerJson(init.tokenizer.tokenizerJson)
   ? ByteTokenizer.fromHfFiles(init.tokenizer.tokenizerJson, init.tokenizer.tokenizerConfig)
   : HfTokenizer.fromFiles(init.tokenizer)
 
-const llamaCpp = await import("node-llama-cpp")
-const llama = await llamaCpp.getLlama({ gpu: false, build: "never", logLevel: llamaCpp.LlamaLogLevel.error })
+const llama = await LlamaCppPackage.cpu()
 
 /** Loaded models by file, with how many versions use each: a LoRA run's versions share their base. */
 const models = new Map<string, { readonly model: Promise<LlamaModel>; users: number }>()
