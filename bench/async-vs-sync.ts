@@ -2,9 +2,10 @@
  * `npm run bench -- async-vs-sync [flags]`: the same tool-latency-bound GRPO run in both pipeline modes, in one bench
  * run (one after the other). Prints as its last line
  * `{"bench":"async-vs-sync","sync":{"trajectoriesPerMin":…,"finalReward":…},"async":{…},"ratio":…}`,
- * writes bench/results/async-vs-sync.json and appends the run to bench/results/async-vs-sync-runs.json; the result's
- * `repeats` gives every recorded ratio of the same config and their median (the figure to quote: one run on the shared
- * 2-core machine is noisy).
+ * writes bench/out/async-vs-sync.json and appends the run to async-vs-sync-runs.json beside it (`--out FILE`:
+ * bench/results/FILE and bench/results/async-vs-sync-runs.json, the recorded runs; a first run into bench/out/ starts
+ * from those); the result's `repeats` gives every recorded ratio of the same config and their median (the figure to
+ * quote: one run on the shared 2-core machine is noisy).
  *
  * Workload: the shipped SFT warm start (data/quickstart/policy, set up as configs/quickstart.yaml: tool_prompt none,
  * hermes tool calls, data/toolbox/train.jsonl; 119 K parameters until 2026-11-22, the 363 K policy since); the toolbox
@@ -55,11 +56,10 @@ import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { arg } from "./args.ts"
+import { arg, resultFile, resultsDir } from "./args.ts"
 
 const root = path.join(import.meta.dirname, "..")
 const work = path.join(root, "bench", ".work", "async-vs-sync")
-const results = path.join(root, "bench", "results")
 
 const latency = arg("latency-ms", "500-1000")
 const steps = Number(arg("steps", "16"))
@@ -288,11 +288,14 @@ export const run = async (): Promise<void> => {
     trainer
   }
   const config = rlConfig()
-  fs.mkdirSync(results, { recursive: true })
-  const historyFile = path.join(results, "async-vs-sync-runs.json")
-  const history = fs.existsSync(historyFile)
-    ? (JSON.parse(fs.readFileSync(historyFile, "utf8")) as Array<{ setup: unknown; ratio: number }>)
-    : []
+  const file = resultFile("async-vs-sync.json")
+  const historyFile = path.join(path.dirname(file), "async-vs-sync-runs.json")
+  // the runs recorded so far: those beside the result, else the committed ones (a first run into bench/out/)
+  const recorded = [historyFile, path.join(resultsDir, "async-vs-sync-runs.json")].find((f) => fs.existsSync(f))
+  const history =
+    recorded === undefined
+      ? []
+      : (JSON.parse(fs.readFileSync(recorded, "utf8")) as Array<{ setup: unknown; ratio: number }>)
   // the other jobs on the machine come and go: alternate which mode runs first between repeats of a setup, so a
   // drifting load does not always favour the same one
   const repeat = history.filter((h) => JSON.stringify(h.setup) === JSON.stringify(setup)).length
@@ -339,6 +342,6 @@ export const run = async (): Promise<void> => {
     cpus: os.cpus().length,
     note
   }
-  fs.writeFileSync(path.join(results, "async-vs-sync.json"), `${JSON.stringify(result, null, 2)}\n`)
+  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
   console.log(JSON.stringify(result))
 }

@@ -3,7 +3,7 @@
  * and 4 `runner` processes (`pipeline.rollouts: cluster`, Postgres from scripts/local-postgres.sh, a fresh one per
  * measurement), and the same work through local async rollouts (the trainer's own Generator) in the same bench run.
  * Prints as its last line `{"bench":"cluster","trajectoriesPerMin":{"1":…,"2":…,"4":…},"localAsync":…,…}` and writes
- * bench/results/cluster.json.
+ * bench/out/cluster.json (`--out FILE`: bench/results/FILE).
  *
  * Workload: tool-latency-bound agent rollouts: the quickstart policy (data/quickstart/policy, hermes tool calls on the
  * toolbox tasks) whose toolbox MCP server sleeps a uniformly random `--latency-ms` (500-1000) per call. Each runner
@@ -18,17 +18,16 @@
  * before the trainer starts; no eval). All processes share this machine's cores.
  *
  * Flags (defaults): --latency-ms 500-1000, --groups 48, --batch 2 (groups per step), --samples 2, --slots 1,
- * --workers 16, --max-turns 4, --runners 1,2,4.
+ * --workers 16, --max-turns 4, --runners 1,2,4, --out FILE.
  */
 import { type ChildProcess, execFileSync, spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 
 const root = path.join(import.meta.dirname, "..")
 const work = path.join(root, "bench", ".work", "cluster")
-const results = path.join(root, "bench", "results")
 const latency = arg("latency-ms", "500-1000")
 const groups = Number(arg("groups", "48"))
 const B = Number(arg("batch", "2"))
@@ -211,7 +210,6 @@ export const run = async () => {
       loadavgAfter: fs.readFileSync("/proc/loadavg", "utf8").trim()
     }
   }
-  fs.mkdirSync(results, { recursive: true })
-  fs.writeFileSync(path.join(results, "cluster.json"), `${JSON.stringify(result, null, 2)}\n`)
+  writeResult("cluster.json", result)
   console.log(JSON.stringify(result))
 }

@@ -25,7 +25,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Transformer from "../src/model/Transformer.ts"
 import * as NativeKernels from "../src/native/NativeKernels.ts"
 import * as TensorFile from "../src/native/TensorFile.ts"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 
 export { arg, has } from "./args.ts"
 
@@ -267,18 +267,14 @@ export const comparison = (effectRl: Throughput, torch: TorchResult | TorchFailu
 }
 
 /**
- * Print the result as the last stdout line and write it to bench/results/<bench>.json (only full runs: a `--no-torch`
- * run, `torch: null`, does not replace the recorded comparison; benches without a torch peer always write).
+ * Print the result as the last stdout line and write it to bench/out/<bench>.json, or with `--out FILE` to
+ * bench/results/FILE (args.ts). Only full runs are written: a `--no-torch` run (`torch: null`) is no comparison;
+ * benches without a torch peer always write.
  */
 export const report = (
-  result: { readonly bench: string; readonly torch?: unknown } & Record<string, unknown>,
-  fileName = arg("out", `${result.bench}.json`)
+  result: { readonly bench: string; readonly torch?: unknown } & Record<string, unknown>
 ): void => {
-  if (result.torch !== null) {
-    const file = path.isAbsolute(fileName) ? fileName : path.join(import.meta.dirname, "results", fileName)
-    fs.mkdirSync(path.dirname(file), { recursive: true })
-    fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
-  }
+  if (result.torch !== null) writeResult(`${result.bench}.json`, result)
   console.log(JSON.stringify(result))
 }
 

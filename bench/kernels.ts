@@ -16,7 +16,7 @@
  * Last stdout line: {"bench":"kernels","cpuFlags",…,"addons":[{"addon","simd","blas","threads","shapes":[{"name","m",
  * "n","k","transposeB","weights","us","usPerRound","gmacPerSec"}]}]} (us: the median over rounds of each round's median
  * call; `weights` > 1: the calls cycle through that many B, as a decode step's layers do); also written to
- * bench/results/kernels.json (or `--out FILE`).
+ * bench/out/kernels.json (`--out FILE`: bench/results/FILE).
  *
  * Run: npm run bench -- kernels [--addon FILE ...] [--threads N] [--rounds N] [--out FILE]
  */
@@ -27,7 +27,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import type * as Abi from "../src/native/Abi.ts"
 import * as Addon from "../src/native/Addon.ts"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 
 interface Shape {
   readonly name: string
@@ -203,7 +203,6 @@ export const run = async (): Promise<void> => {
     rounds,
     addons: summary
   }
-  const file = path.join(import.meta.dirname, "results", arg("out", "kernels.json"))
-  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
+  writeResult("kernels.json", result)
   console.log(JSON.stringify(result))
 }

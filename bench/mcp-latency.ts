@@ -6,7 +6,8 @@
  *
  * A third column, `mcp_client`, is McpClient.call alone (the seam, without parsing text or keeping records).
  * Sequential: one caller, one call at a time. Concurrent: 64 callers (64 envs on one shared server connection vs
- * 64 concurrent `callTool`s on one SDK client). Prints one JSON line and writes bench/results/mcp-latency.json.
+ * 64 concurrent `callTool`s on one SDK client). Prints one JSON line and writes bench/out/mcp-latency.json
+ * (`--out FILE`: bench/results/FILE).
  * The defaults (4× those before 2026-11-25) measure the steady state an RL run's millions of calls see: with 1,024
  * concurrent calls per column and round, a round lasted about 50 ms and the p50 ratio of one run swung 0.9-1.5.
  * Goal: McpToolEnv p50 ≤ 1.2 × SDK p50.
@@ -14,7 +15,6 @@
  * This bench imports the SDK client directly: it is the baseline being measured against.
  */
 
-import { mkdirSync, writeFileSync } from "node:fs"
 import { cpus, loadavg } from "node:os"
 import { join, resolve } from "node:path"
 import { Client } from "@modelcontextprotocol/sdk/client/index.js"
@@ -27,6 +27,7 @@ import * as EnvRegistry from "../src/env/EnvRegistry.ts"
 import * as McpToolEnv from "../src/env/McpToolEnv.ts"
 import * as ToolIo from "../src/env/ToolIo.ts"
 import * as McpClient from "../src/mcp/McpClient.ts"
+import { writeResult } from "./args.ts"
 
 const root = resolve(import.meta.dirname, "..")
 const script = join(root, "src/toolbox/server.ts")
@@ -278,9 +279,5 @@ const result = {
   load_average_1m: Number(loadavg()[0]?.toFixed(2)),
   goal: "env p50 <= 1.2 x sdk p50"
 }
-mkdirSync(join(root, "bench/results"), { recursive: true })
-writeFileSync(
-  join(root, `bench/results/mcp-latency${microtask ? "-microtask" : ""}.json`),
-  `${JSON.stringify(result, null, 2)}\n`
-)
+writeResult(`mcp-latency${microtask ? "-microtask" : ""}.json`, result)
 console.log(JSON.stringify(result))

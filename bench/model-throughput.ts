@@ -5,13 +5,11 @@
  * - train step: forward + backward + Adam on −mean token log-prob, 8 × 128 tokens;
  * - sampling: KV-cache generation, batch 8, prompt 32, 96 new tokens, temperature 1;
  * - engine: the same 8 requests as 4 concurrent LocalEngine.generate calls of 2 (continuous batching).
- * Prints one JSON line and writes bench/results/model-throughput.json.
+ * Prints one JSON line and writes bench/out/model-throughput.json (`--out FILE`: bench/results/FILE).
  *
- * Run: npx node bench/model-throughput.ts [--backend wasm|cpu] [--iters N]
+ * Run: npx node bench/model-throughput.ts [--backend wasm|cpu] [--iters N] [--out FILE]
  */
-import * as fs from "node:fs"
 import * as os from "node:os"
-import * as path from "node:path"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
@@ -23,7 +21,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 import * as Harness from "./harness.ts"
 
 const backend = arg("backend", "wasm") as "wasm" | "cpu"
@@ -118,8 +116,6 @@ const result = {
   date: new Date().toISOString()
 }
 console.log(JSON.stringify(result))
-const out = path.join(import.meta.dirname, "results", "model-throughput.json")
-fs.mkdirSync(path.dirname(out), { recursive: true })
-fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)
+writeResult("model-throughput.json", result)
 optimizer.dispose()
 Transformer.dispose(model)

@@ -8,16 +8,14 @@
  * - `manyToolCalls`: complete small hermes calls, one after another (the normal case, scaled up),
  * - `plainText`: prose without markers (an answer).
  * Medians of `--iters` runs (default 9) after three warm-ups, wall and CPU milliseconds. Last stdout line: the JSON
- * result, also written to bench/results/parser.json with the date, the command and the load average (the machine is
- * shared: wall times move with the neighbours, growth ratios much less).
+ * result, also written to bench/out/parser.json (`--out FILE`: bench/results/FILE) with the date, the command and the
+ * load average (the machine is shared: wall times move with the neighbours, growth ratios much less).
  *
- * Run: npm run bench -- parser [--iters N]
+ * Run: npm run bench -- parser [--iters N] [--out FILE]
  */
-import * as fs from "node:fs"
 import * as os from "node:os"
-import * as path from "node:path"
 import * as ToolCallParser from "../src/env/ToolCallParser.ts"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 
 const KiB = 1024
 const sizes = [256 * KiB, 512 * KiB, 1024 * KiB]
@@ -89,9 +87,7 @@ export const run = async (): Promise<void> => {
     loadAvg: { before: loadBefore.map((l) => round(l)), after: os.loadavg().map((l) => round(l)) }, // 1, 5, 15 min
     node: process.version
   }
-  const file = path.join(import.meta.dirname, "results", "parser.json")
-  fs.mkdirSync(path.dirname(file), { recursive: true })
-  fs.writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`)
+  writeResult("parser.json", result)
   console.log(JSON.stringify(result))
 }
 

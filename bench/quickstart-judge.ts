@@ -2,24 +2,25 @@
  * The quickstart with the LLM judge instead of the rule reward: starts the fixture judge (test/fixtures/JudgeServer.ts:
  * an OpenAI-compatible server that scores each trajectory of a group against the row's ground truth and, on one call
  * in ten (seeded), answers with broken JSON, a score above 1 or a trajectory left out), runs bench/quickstart.ts on
- * configs/quickstart-judge.yaml pointed at it, and adds to bench/results/quickstart-judge.json the judge's side: the
- * faults it injected, what the run counted (judge/* summed over its steps), and the held-out gain beside the
- * rule-reward run's (bench/results/quickstart.json).
+ * configs/quickstart-judge.yaml pointed at it, and adds to bench/out/quickstart-judge.json (`--out FILE`:
+ * bench/results/FILE) the judge's side: the faults it injected, what the run counted (judge/* summed over its steps),
+ * and the held-out gain beside the rule-reward run's (bench/results/quickstart.json).
  *
- * Run: npm run build && node bench/quickstart-judge.ts [--fault-rate 0.1] [--seed 1] [--note "..."] [-- overrides]
+ * Run: npm run build && node bench/quickstart-judge.ts [--fault-rate 0.1] [--seed 1] [--note "..."] [--out FILE]
+ *        [-- overrides]
  */
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as JudgeServer from "../test/fixtures/JudgeServer.ts"
-import { arg } from "./args.ts"
+import { arg, resultFile, resultsDir } from "./args.ts"
 
 const faultRate = Number(arg("fault-rate", "0.1"))
 const seed = Number(arg("seed", "1"))
 const note = arg("note", "")
 const dash = process.argv.indexOf("--")
 const overrides = dash >= 0 ? process.argv.slice(dash + 1) : []
-const outName = "quickstart-judge.json"
+const out = resultFile("quickstart-judge.json") // handed to bench/quickstart.ts as it is (absolute)
 
 const judge = await JudgeServer.start({ faultRate, seed, format: "hermes" })
 const child = spawn(
@@ -29,7 +30,7 @@ const child = spawn(
     "--config",
     "configs/quickstart-judge.yaml",
     "--out",
-    outName,
+    out,
     "--note",
     note,
     "--",
@@ -45,7 +46,6 @@ if (code !== 0) {
   process.exit(code)
 }
 
-const out = path.join(import.meta.dirname, "results", outName)
 const result = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, unknown>
 const runDir = path.join("runs", "quickstart-judge")
 const counted: Record<string, number> = {}
@@ -59,7 +59,7 @@ for (const line of fs.readFileSync(path.join(runDir, "metrics.jsonl"), "utf8").s
     }
   }
 }
-const rule = JSON.parse(fs.readFileSync(path.join(import.meta.dirname, "results", "quickstart.json"), "utf8")) as {
+const rule = JSON.parse(fs.readFileSync(path.join(resultsDir, "quickstart.json"), "utf8")) as {
   delta: number
   steps: number
   date: string

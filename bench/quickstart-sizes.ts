@@ -2,13 +2,12 @@
  * Picks the quickstart policy size: for a few ByteTokenizer qwen3 sizes, times (a) an SFT/RL train step on
  * 8 sequences of 480 tokens (a whole toolbox demo with `tool_prompt: none` is ≈ 480 bytes) and (b) KV-cache
  * sampling of 32 rows (8 prompts × 4 samples), prompt 48, 64 new tokens (one assistant turn is ≈ 60–90 bytes).
- * Reports wall and CPU seconds (CPU time is robust to other processes on the cores) and the load average.
+ * Reports wall and CPU seconds (CPU time is robust to other processes on the cores) and the load average; writes
+ * bench/out/quickstart-sizes-<kernels>.json (`--out FILE`: bench/results/FILE).
  *
- * Run: npx node bench/quickstart-sizes.ts [--kernels native|stock] [--iters N]
+ * Run: npx node bench/quickstart-sizes.ts [--kernels native|stock] [--iters N] [--out FILE]
  */
-import * as fs from "node:fs"
 import * as os from "node:os"
-import * as path from "node:path"
 import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
@@ -17,7 +16,7 @@ import * as ModelConfig from "../src/model/ModelConfig.ts"
 import * as Prng from "../src/model/Prng.ts"
 import * as Sampling from "../src/model/Sampling.ts"
 import * as Transformer from "../src/model/Transformer.ts"
-import { arg } from "./args.ts"
+import { arg, writeResult } from "./args.ts"
 import * as Harness from "./harness.ts"
 
 const kernels = arg("kernels", "native") as "native" | "stock"
@@ -109,5 +108,4 @@ const result = {
   node: process.version,
   date: new Date().toISOString()
 }
-const out = path.join(import.meta.dirname, "results", `quickstart-sizes-${kernels}.json`)
-fs.writeFileSync(out, `${JSON.stringify(result, null, 2)}\n`)
+writeResult(`quickstart-sizes-${kernels}.json`, result)

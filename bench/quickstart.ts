@@ -1,12 +1,13 @@
 /**
  * The quickstart's acceptance run: `node dist/main.js train --config configs/quickstart.yaml` (build first:
  * `npm run build`), timed from spawn to exit, with the load average sampled every 5 s while it runs (the cores may
- * be shared: the figure says what the run competed with). Writes bench/results/quickstart.json:
+ * be shared: the figure says what the run competed with). Writes bench/out/quickstart.json:
  * `{ seconds, steps, evalBefore, evalAfter, delta, at, machineLoad, backend, ... }`, delta = the change of
  * `all.avg_score` (the goal is ≥ 0.30 in ≤ 600 s on 2 cores), `at` = the held-out score at each eval during training.
  * Other keys already in the file (earlier sessions' records) are kept, and each run is appended to `benchRuns`.
  *
- * `--out NAME` writes bench/results/NAME instead (e.g. quickstart-lora.json for configs/quickstart-lora.yaml); every
+ * `--out NAME` records the run in the committed results instead, bench/results/NAME (e.g. quickstart-lora.json for
+ * configs/quickstart-lora.yaml). A run of another config is reported beside the quickstart's recorded figures; every
  * result also holds the per-family held-out change (`families`: eval_group_by's lines, before → after).
  *
  * Run: npm run build && npx node bench/quickstart.ts [--config configs/quickstart.yaml] [--out quickstart.json] [--note "..."] [extra overrides after --]
@@ -15,11 +16,10 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { arg } from "./args.ts"
+import { arg, resultFile, resultsDir } from "./args.ts"
 
 const config = arg("config", "configs/quickstart.yaml")
 const note = arg("note", "")
-const outName = arg("out", "quickstart.json")
 const dash = process.argv.indexOf("--")
 const overrides = dash >= 0 ? process.argv.slice(dash + 1) : []
 
@@ -102,10 +102,10 @@ const result = {
   date: new Date().toISOString(),
   note
 }
-// a run of another config (`--out`) is reported beside the full quickstart's latest figures, family by family
-const reference = path.join(import.meta.dirname, "results", "quickstart.json")
+// a run of another config is reported beside the full quickstart's recorded figures, family by family
+const reference = path.join(resultsDir, "quickstart.json")
 const beside =
-  outName !== "quickstart.json" && fs.existsSync(reference)
+  path.resolve(config) !== path.resolve("configs/quickstart.yaml") && fs.existsSync(reference)
     ? (() => {
         const q = JSON.parse(fs.readFileSync(reference, "utf8")) as Record<string, unknown>
         return {
@@ -121,7 +121,7 @@ Object.assign(result, beside === undefined ? {} : { beside })
 console.log(JSON.stringify(result))
 // The file also holds what earlier runs and sessions recorded beside the latest run: those keys are kept, and every
 // bench run is appended, in short, to `benchRuns`.
-const out = path.join(import.meta.dirname, "results", outName)
+const out = resultFile("quickstart.json")
 const earlier = fs.existsSync(out) ? (JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, unknown>) : {}
 const benchRuns = Array.isArray(earlier["benchRuns"]) ? (earlier["benchRuns"] as Array<unknown>) : []
 benchRuns.push({

@@ -8,18 +8,17 @@
  * seeded per trajectory and turn, so every replica count does the same work.
  * With N replicas on C cores, N > C cannot help: the result records the machine's cores and load.
  *
- * Run: npm run bench -- replicas [--trajectories N] [--concurrency N] [--turns N] [--tokens N]
- * Last stdout line: the JSON result, also written to bench/results/replicas.json.
+ * Run: npm run bench -- replicas [--trajectories N] [--concurrency N] [--turns N] [--tokens N] [--out FILE]
+ * Last stdout line: the JSON result, also written to bench/out/replicas.json (`--out FILE`: bench/results/FILE).
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import * as fs from "node:fs/promises"
 import * as os from "node:os"
-import * as path from "node:path"
 import { Effect } from "effect"
 import { FetchHttpClient } from "effect/http"
 import { type GenerateRequest, InferenceEngine } from "../src/inference/InferenceEngine.ts"
 import * as RemoteEngine from "../src/inference/RemoteEngine.ts"
 import * as Sampling from "../src/model/Sampling.ts"
+import { writeResult } from "./args.ts"
 import * as Harness from "./harness.ts"
 
 const trajectories = Number(Harness.arg("trajectories", "48"))
@@ -105,6 +104,6 @@ export const run = async (): Promise<void> => {
     workload: { trajectories, concurrency, turns, tokensPerTurn: tokens, temperature: 1 },
     rows
   }
-  await fs.writeFile(path.join(import.meta.dirname, "results", "replicas.json"), `${JSON.stringify(result, null, 2)}\n`)
+  writeResult("replicas.json", result)
   console.log(JSON.stringify(result))
 }

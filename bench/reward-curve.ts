@@ -7,7 +7,7 @@
  * (the library's `Rewards.register`): 1 for the right number, 0.5·(1 − |n − d|/10) for another number, 0 for no number.
  * Prints as its last line `{"bench":"reward-curve","steps":…,"rewardFirst":…,"rewardLast":…,"evalBefore":…,
  * "evalAfter":…,"seconds":…}` (first/last = mean train reward over the first and last 10 steps) and writes
- * bench/results/reward-curve.json with the whole curve.
+ * bench/out/reward-curve.json (`--out FILE`: bench/results/FILE) with the whole curve.
  */
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs"
 import { join } from "node:path"
@@ -18,6 +18,7 @@ import * as RunConfigLoader from "../src/config/RunConfigLoader.ts"
 import * as Rewards from "../src/env/Rewards.ts"
 import * as RunLayers from "../src/layers/RunLayers.ts"
 import * as Pipelines from "../src/pipeline/Pipelines.ts"
+import { writeResult } from "./args.ts"
 
 const dataDir = "runs/copy-data"
 const runDir = "runs/copy"
@@ -91,6 +92,5 @@ const out = {
   node: process.version,
   date: new Date().toISOString()
 }
-mkdirSync("bench/results", { recursive: true })
-writeFileSync("bench/results/reward-curve.json", `${JSON.stringify(out, null, 2)}\n`)
+writeResult("reward-curve.json", out)
 console.log(JSON.stringify(out))

@@ -1,6 +1,7 @@
 /**
  * `npm run bench -- <name> [flags]`: runs bench/<name>.ts. Each bench prints its result as the last stdout line (JSON)
- * and writes bench/results/<name>.json.
+ * and writes bench/out/<name>.json, which git ignores; `--out FILE` writes bench/results/FILE, the committed results,
+ * instead (args.ts).
  */
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -9,7 +10,7 @@ import { pathToFileURL } from "node:url"
 const name = process.argv[2]
 const available = fs
   .readdirSync(import.meta.dirname)
-  .filter((f) => f.endsWith(".ts") && f !== "run.ts" && f !== "harness.ts")
+  .filter((f) => f.endsWith(".ts") && !["run.ts", "harness.ts", "args.ts"].includes(f))
   .map((f) => f.slice(0, -3))
 if (name === undefined || !available.includes(name)) {
   console.error(`usage: npm run bench -- <name> [flags]; benches: ${available.join(", ")}`)

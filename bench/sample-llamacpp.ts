@@ -23,8 +23,8 @@
  *
  * Last stdout line: {"bench":"sample-llamacpp","threads",…,"ours":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb,…},
  * "llamacpp":[{ggufType,threads,…}],"ratio":llama.cpp tokens/s / ours (same threads, first GGUF type),"bestRatio",
- * "ratios":{"TYPE@THREADS": …},…}; also written to bench/results/sample-llamacpp.json (or `--out FILE`), with the
- * command line, date and machine load.
+ * "ratios":{"TYPE@THREADS": …},…}; also written to bench/out/sample-llamacpp.json (`--out FILE`: bench/results/FILE),
+ * with the command line, date and machine load.
  * msPerStep = a call's wall time / N (prefill included); cpuMsPerStep: CPU time of all the child's threads.
  *
  * Run: npm run bench -- sample --engine llamacpp [--model DIR] [--gguf-type f32|f16|bf16|q8_0[,…]] [--batch B]

@@ -6,7 +6,7 @@
  * Last stdout line: {"bench":"sample","threads",…,"effectRl":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb},
  * "torch":{…, peakRssMb} or {"error"},"ratio",…} (msPerStep = one decode step = one token per row; ratio =
  * effect-rl tokens/s / torch tokens/s; peakRssMb: each process's own peak resident memory, loading included); also
- * written to bench/results/sample.json (or `--out FILE`), with the command line, date and machine load.
+ * written to bench/out/sample.json (`--out FILE`: bench/results/FILE), with the command line, date and machine load.
  *
  * `--weights bf16` (native backend): every projection weight stored as bfloat16 and read in place (Transformer.storeFrozen).
  *

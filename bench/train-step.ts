@@ -12,8 +12,8 @@
  *
  * Last stdout line: {"bench":"train-step","threads",…,"effectRl":{msPerStep,tokensPerSec,cpuMsPerStep,peakRssMb},
  * "torch":{…, peakRssMb} or {"error"},"ratio",…} (ratio = effect-rl throughput / torch throughput; peakRssMb: each
- * process's own peak resident memory, loading included); also written to bench/results/train-step.json (or
- * `--out FILE`), with the command line, date and machine load.
+ * process's own peak resident memory, loading included); also written to bench/out/train-step.json (`--out FILE`:
+ * bench/results/FILE), with the command line, date and machine load.
  *
  * Run: npm run bench -- train-step [--model DIR] [--seqs N] [--tokens T] [--lora-rank R] [--base-dtype bf16|f32]
  *        [--gradient-checkpointing]

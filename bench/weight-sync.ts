@@ -10,9 +10,9 @@
  * - `worker`: EngineWeightSync (copied) → WorkerEngine (copy into the SharedArrayBuffer board, post the version,
  *   worker copies into its variables, ack).
  * Medians over `--iters` versions (default 10). wasm backend, stock kernels. Last stdout line: the JSON result, also
- * written to bench/results/weight-sync.json.
+ * written to bench/out/weight-sync.json (`--out FILE`: bench/results/FILE).
  *
- * Run: npm run bench -- weight-sync [--iters N]
+ * Run: npm run bench -- weight-sync [--iters N] [--out FILE]
  */
 import * as fs from "node:fs/promises"
 import { createServer } from "node:http"

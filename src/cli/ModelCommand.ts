@@ -36,6 +36,7 @@ const modelFlag = Flag.String("model").pipe(
     "a HF checkpoint directory (config.json + safetensors), or org/name[@revision] from the Hugging Face cache"
   )
 )
+/** The tensor backend, as configs default it (`backend.name: auto`): a model too big for wasm's 4 GB heap loads. */
 const backendFlag = Flag.Literals("backend", [
   "auto",
   "native",
@@ -44,7 +45,10 @@ const backendFlag = Flag.Literals("backend", [
   "webgpu",
   "tensorflow",
   "tensorflow-gpu"
-]).pipe(Flag.withDefault("wasm"), Flag.withDescription("tfjs backend"))
+]).pipe(
+  Flag.withDefault("auto"),
+  Flag.withDescription("tfjs backend (default auto, as backend.name: the fastest one installed)")
+)
 
 /** Load a checkpoint as a scoped resource (disposed when the command ends). */
 const loadModel = (dir: string) =>

@@ -83,9 +83,9 @@ export const command = Command.make(
       Flag.optional,
       Flag.withDescription("the most LoRA adapters held at once; further loads are refused (default: no limit)")
     ),
-    backend: Flag.Literals("backend", ["wasm", "native", "cpu", "webgpu", "tensorflow", "tensorflow-gpu", "auto"]).pipe(
-      Flag.withDefault("wasm"),
-      Flag.withDescription("tfjs backend (default wasm; auto: the fastest one installed)")
+    backend: Flag.Literals("backend", ["auto", "native", "wasm", "cpu", "webgpu", "tensorflow", "tensorflow-gpu"]).pipe(
+      Flag.withDefault("auto"),
+      Flag.withDescription("tfjs backend (default auto, as backend.name: the fastest one installed)")
     )
   },
   ({
@@ -106,7 +106,10 @@ export const command = Command.make(
   }) =>
     Effect.scoped(
       Effect.gen(function* () {
-        yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: "stock" })
+        // auto and native take effect-rl's native kernels, as training does, so auto reaches the native backend (no
+        // 4 GB heap: a 0.6B model serves); wasm keeps tfjs's own, one thread per server, so replicas side by side do
+        // not compete for the cores (bench/replicas.ts)
+        yield* TensorBackend.initialise({ name: backend, threads: 0, kernels: backend === "wasm" ? "stock" : "native" })
         const token = yield* Config.option(Config.Redacted(tokenEnv))
         if (Option.isNone(token)) {
           yield* Console.error(`${tokenEnv} is not set: POST /v1/weights is disabled`)

@@ -1,7 +1,8 @@
 /**
  * Run metrics: one JSON object per training step (and per eval) appended to `<run dir>/metrics.jsonl`, with the
  * names of MetricKeys (SkyRL's where it has one: `reward/avg_pass_at_n`, `loss/policy`, `policy/approx_kl`,
- * `timing/*`, `eval/<source>/avg_score`), and a live progress line on stderr: step, reward, pass@n, elapsed, ETA.
+ * `timing/*`, `eval/<source>/avg_score`), and a live progress line on stderr: step, reward, pass@n, elapsed, and the
+ * ETA to the last step or to the time budget, whichever ends the run first.
  * With `gauges` (a tracking backend reads them: otlp, prometheus), every recorded value also sets an Effect gauge of
  * the metric's name, plus `trainer/step` for the step of the last record.
  */
@@ -14,6 +15,8 @@ export interface Progress {
   readonly step: number
   readonly totalSteps: number
   readonly values: MetricKeys.Values
+  /** When `trainer.max_train_seconds` passes (epoch ms, the training loop's deadline); absent without a budget. */
+  readonly deadline?: number
 }
 
 export class Metrics extends Context.Service<
@@ -36,21 +39,44 @@ const clock = (seconds: number) => {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, "0")}`
 }
 
+/** When training ends: in `seconds`, and which limit ends it (`steps` more steps, or the time budget). */
+export interface Eta {
+  readonly seconds: number
+  readonly limit: "steps" | "time budget"
+  readonly steps: number // the steps still to train
+}
+
 /**
- * `step 3/20 ███░░░ reward 0.412 pass@n 0.750 kl 0.002 | 0:41 elapsed, ETA 3:52`. The ETA is the steps left times
- * `secondsPerStep`, the mean training-step time so far (evaluations and start-up are not steps); without it, elapsed
- * time over steps done.
+ * When training ends, at `secondsPerStep` a step: after the `stepsLeft` steps, or earlier when
+ * `trainer.max_train_seconds` passes first (`budgetLeft`: its seconds left). The loop stops after the step during which
+ * the budget passes, so the budget leaves ⌈budgetLeft / secondsPerStep⌉ more steps. `budgetLeft` is wall time, so it
+ * also counts the evaluations and checkpoints between the steps; the steps' own pace does not.
  */
-export const progressLine = (p: Progress, elapsed: number, secondsPerStep?: number): string => {
+export const eta = (stepsLeft: number, secondsPerStep: number, budgetLeft?: number): Eta => {
+  const byBudget =
+    budgetLeft === undefined ? Number.POSITIVE_INFINITY : Math.max(0, Math.ceil(budgetLeft / secondsPerStep))
+  return byBudget < stepsLeft
+    ? { seconds: byBudget * secondsPerStep, limit: "time budget", steps: byBudget }
+    : { seconds: stepsLeft * secondsPerStep, limit: "steps", steps: stepsLeft }
+}
+
+/**
+ * `step 3/240 █░░░ reward 0.412 pass@n 0.750 kl 0.002 | 0:41 elapsed, ETA 3:52 (time budget)`. The pace is
+ * `secondsPerStep`, the mean training-step time so far (evaluations and start-up are not steps); without it, elapsed
+ * time over steps done. The ETA counts down to the earlier of the last step and the time budget (`budgetLeft`,
+ * seconds until `trainer.max_train_seconds` passes) and says which: `(time budget)` or `(N steps left)`.
+ */
+export const progressLine = (p: Progress, elapsed: number, secondsPerStep?: number, budgetLeft?: number): string => {
   const width = 20
   const done = Math.min(width, Math.round((p.step / Math.max(1, p.totalSteps)) * width))
   const bar = "█".repeat(done) + "░".repeat(width - done)
   const perStep = secondsPerStep ?? (p.step > 0 ? elapsed / p.step : Number.NaN)
-  const eta = perStep * (p.totalSteps - p.step)
+  const left = eta(Math.max(0, p.totalSteps - p.step), perStep, budgetLeft)
+  const until = left.limit === "time budget" ? "time budget" : `${left.steps} step${left.steps === 1 ? "" : "s"} left`
   return (
     `step ${p.step}/${p.totalSteps} ${bar} reward ${fmt(p.values["reward/avg_raw_reward"])} ` +
     `pass@n ${fmt(p.values["reward/avg_pass_at_n"])} kl ${fmt(p.values["policy/approx_kl"], 4)} ` +
-    `| ${clock(elapsed)} elapsed, ETA ${Number.isFinite(eta) ? clock(eta) : "-"}`
+    `| ${clock(elapsed)} elapsed, ETA ${Number.isFinite(left.seconds) ? `${clock(left.seconds)} (${until})` : "-"}`
   )
 }
 
@@ -111,11 +137,13 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
         stepSeconds += t
         timedSteps++
       }
-      return options.progress
-        ? Effect.flatMap(elapsedSeconds, (elapsed) =>
-            Console.error(progressLine(p, elapsed, timedSteps > 0 ? stepSeconds / timedSteps : undefined))
-          )
-        : Effect.void
+      if (!options.progress) return Effect.void
+      return Effect.gen(function* () {
+        const now = yield* Clock.currentTimeMillis
+        const budgetLeft = p.deadline === undefined ? undefined : (p.deadline - now) / 1000
+        const perStep = timedSteps > 0 ? stepSeconds / timedSteps : undefined
+        yield* Console.error(progressLine(p, (now - started) / 1000, perStep, budgetLeft))
+      })
     })
   return Metrics.of({ file, record, progress, elapsedSeconds })
 })

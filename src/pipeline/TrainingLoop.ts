@@ -287,7 +287,7 @@ const trainAll = <R>(loop: Loop<R>, start: Start) =>
       Stream.take(Math.max(0, steps - start.firstStep + 1)),
       Stream.mapEffect((batch) =>
         Effect.gen(function* () {
-          yield* trainStep(loop, batch)
+          yield* trainStep(loop, batch, deadline)
           groups += batch.groups.length
           return yield* stopCheck(loop, batch, deadline)
         })
@@ -307,13 +307,13 @@ const trainAll = <R>(loop: Loop<R>, start: Start) =>
   })
 
 /** One step under its span (`train.step`), which ends with it. */
-const trainStep = <R>(loop: Loop<R>, batch: Batch) =>
+const trainStep = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
   Effect.flatMap(batch.span === undefined ? stepSpan(batch.step, batch.groups) : Effect.succeed(batch.span), (span) =>
-    underSpan(span, trainAndRecord(loop, batch))
+    underSpan(span, trainAndRecord(loop, batch, deadline))
   )
 
-/** One step: train and publish under the source's guard, then record it. */
-const trainAndRecord = <R>(loop: Loop<R>, batch: Batch) =>
+/** One step: train and publish under the source's guard, then record it (the progress line's ETA heeds `deadline`). */
+const trainAndRecord = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
   Effect.gen(function* () {
     const { options, trainer, source } = loop
     const before = yield* trainer.version
@@ -355,7 +355,12 @@ const trainAndRecord = <R>(loop: Loop<R>, batch: Batch) =>
     yield* loop.metrics.record("train", batch.step, values)
     // the step's span carries its metrics: a trace backend without OTLP metrics (W&B Weave) still gets them
     yield* Effect.annotateCurrentSpan(values)
-    yield* loop.metrics.progress({ step: batch.step, totalSteps: source.totalSteps, values })
+    yield* loop.metrics.progress({
+      step: batch.step,
+      totalSteps: source.totalSteps,
+      values,
+      ...(Number.isFinite(deadline) ? { deadline } : {})
+    })
   })
 
 /** A trainer exception at `batch`'s step, as a TrainerFault; the step's groups are kept when nothing was applied. */

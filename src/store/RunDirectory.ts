@@ -79,9 +79,20 @@ export const writeConfig = (runDir: string, yaml: string) =>
     await fs.writeFile(path.join(runDir, configFile), yaml)
   }).pipe(Effect.orDie)
 
+/** `--resume latest` found no checkpoint in `runDir`: one warning line, naming it, that the run starts fresh. */
+const warnFresh = (runDir: string) =>
+  Effect.flatMap(
+    Effect.promise(() => statOf(runDir)),
+    (stat) => {
+      const why = stat?.isDirectory() === true ? "it holds none yet" : "no such directory"
+      return Effect.logWarning(`--resume latest: no checkpoint in ${runDir} (${why}): starting a fresh run there`)
+    }
+  )
+
 /**
  * Open a run directory for training: the checkpoint to continue from (`resume`: `latest` or a path; undefined =
- * fresh), an earlier run moved to `earlier/` when starting fresh, and the resolved config written.
+ * fresh; `latest` with no checkpoint there starts fresh with a warning naming the directory), an earlier run moved to
+ * `earlier/` when starting fresh, and the resolved config written.
  */
 export const open = Effect.fn("RunDirectory.open")(function* (
   runDir: string,
@@ -89,8 +100,8 @@ export const open = Effect.fn("RunDirectory.open")(function* (
   configYaml: string
 ) {
   const resumeFrom = resume === undefined ? undefined : yield* resolveResume(runDir, resume)
-  if (resume !== undefined && resumeFrom === undefined)
-    yield* Effect.logInfo(`no checkpoint in ${runDir} yet: starting fresh`)
+  // a mistyped --run-dir must not train from scratch unnoticed: one warning names the directory, before anything moves
+  if (resume !== undefined && resumeFrom === undefined) yield* warnFresh(runDir)
   if (resumeFrom === undefined) {
     const moved = yield* archiveEarlierRun(runDir)
     if (moved !== undefined) {

@@ -85,6 +85,8 @@ describe("serve (the command, as a child process)", () => {
           TEST_SERVE_TOKEN: "tok"
         })
         assert.match(withToken.url, /^http:\/\/127\.0\.0\.1:\d+$/)
+        // no --backend: auto, as configs default it (a checkpoint too big for wasm's 4 GB heap serves)
+        assert.match(withToken.stderr(), /tensor backend: [\w-]+ \(auto\)/)
         const health = yield* Effect.promise(() => fetch(`${withToken.url}/health`).then((r) => r.json()))
         assert.deepStrictEqual(health, { status: "ok", policy_version: 0 })
         const completion = yield* Effect.promise(() =>

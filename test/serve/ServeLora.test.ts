@@ -6,10 +6,10 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect, Fiber } from "effect"
 import { FetchHttpClient } from "effect/http"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"
-import * as WeightUpload from "../../src/weights/WeightUpload.ts"
 import * as Lora from "../../src/model/Lora.ts"
 import * as Snapshot from "../../src/model/Snapshot.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
+import * as WeightUpload from "../../src/weights/WeightUpload.ts"
 import {
   checkpointDir,
   config,
