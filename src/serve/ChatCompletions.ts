@@ -95,7 +95,7 @@ const readMessages = (body: RequestBody.Json) => {
 }
 
 /** One chat request, read and checked: what its answer, streamed or whole, is built from. */
-interface Chat {
+export interface Chat {
   /** The model that answers (`model`). */
   readonly name: string
   readonly id: string
@@ -134,7 +134,10 @@ export const handler =
     Refusal.handle(
       Streaming.requestScoped((keep) =>
         Effect.gen(function* () {
-          const chat = yield* chatOf(request, server, toolPrompt)
+          const body = yield* RequestBody.readJsonBody(request, server.maxRequestBytes)
+          const messages = yield* readMessages(body)
+          const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
+          const chat = yield* prepare({ body, messages, tools, idPrefix: "chatcmpl" }, server, toolPrompt)
           if (!chat.stream) return yield* answer(chat)
           const plan = streamPlan(chat, server)
           // alternatives are computed after sampling: the answer is then sent once the generation ended
@@ -143,15 +146,29 @@ export const handler =
       )
     )
 
-/** The request's body read, checked (in the order its refusals are given) and rendered. */
-const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Served, toolPrompt: ToolPrompt) =>
+/**
+ * A chat turn to answer: the conversation and the tools offered, and the request's other fields in the chat route's
+ * names (`model`, `stream`, `tool_choice`, `parallel_tool_calls`, sampling, `response_format`, …). The responses and
+ * messages routes (serve/Responses.ts, serve/Messages.ts) translate their requests into one.
+ */
+export interface ChatInput {
+  readonly body: RequestBody.Json
+  readonly messages: ReadonlyArray<Message>
+  readonly tools: ReadonlyArray<ToolDefinition>
+  /** The answer's id starts with it (`chatcmpl`, `resp`, `msg`). */
+  readonly idPrefix: string
+}
+
+/** A chat turn checked (in the order its refusals are given) and rendered. */
+export const prepare = (
+  { body, messages, tools, idPrefix }: ChatInput,
+  server: Served.Served,
+  toolPrompt: ToolPrompt
+) =>
   Effect.gen(function* () {
     const { tokenizer } = server
-    const body = yield* RequestBody.readJsonBody(request, server.maxRequestBytes)
     const { name, served } = yield* Served.servedFor(body, server)
     const { stream, includeUsage } = yield* Streaming.streamingOf(body)
-    const messages = yield* readMessages(body)
-    const tools = Array.isArray(body["tools"]) ? (body["tools"] as ReadonlyArray<ToolDefinition>) : []
     const toolChoice = yield* ChatReply.toolChoiceOf(body, tools)
     const parallel = yield* ChatReply.parallelOf(body)
     const wantLogprobs = body["logprobs"] === true
@@ -190,7 +207,7 @@ const chatOf = (request: HttpServerRequest.HttpServerRequest, server: Served.Ser
         })
       : yield* EngineRequests.constrained(body, tokenizer, unconstrained)
     const created = yield* Served.secondsNow
-    const id = `chatcmpl-${created}-${(yield* Random.nextInt).toString(16)}`
+    const id = `${idPrefix}-${created}-${(yield* Random.nextInt).toString(16)}`
     const eos = new Set(tokenizer.eosIds)
     const tokensAsIds = body["return_tokens_as_token_ids"] === true
     const toolsOn = toolChoice.kind !== "none"
@@ -328,16 +345,7 @@ const streamPlan = (chat: Chat, { tokenizer }: Served.Served): Streaming.StreamP
         const { message, finishReason } = chat.replies()[index]!
         const calls = message["tool_calls"] as ReadonlyArray<ToolCallWire> | undefined
         const content = typeof message["content"] === "string" ? message["content"] : ""
-        const sent = texts[index]!.sent()
-        // the content not sent yet: after what was sent (which skipped leading whitespace with tools on)
-        const rest =
-          sent === ""
-            ? content
-            : calls === undefined
-              ? content.slice(content.indexOf(sent) + sent.length)
-              : content.startsWith(sent)
-                ? content.slice(sent.length)
-                : ""
+        const rest = ChatReply.unsent(content, texts[index]!.sent(), calls !== undefined)
         return [
           ...(rest === "" ? [] : [chunk([choice(index, { content: rest })])]),
           // OpenAI's tool-call deltas, each call's head (id, name) and then its arguments

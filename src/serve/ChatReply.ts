@@ -126,3 +126,17 @@ export const beforeCalls = (text: string): string => {
   }
   return text.slice(0, cut).trim()
 }
+
+/**
+ * The part of a streamed reply's content not sent yet, once the reply is parsed: what follows the text sent while it
+ * was sampled (which skipped leading whitespace with tools on; with calls, the content is the trimmed text before
+ * them).
+ */
+export const unsent = (content: string, sent: string, hasCalls: boolean): string =>
+  sent === ""
+    ? content
+    : !hasCalls
+      ? content.slice(content.indexOf(sent) + sent.length)
+      : content.startsWith(sent)
+        ? content.slice(sent.length)
+        : ""

@@ -6,6 +6,8 @@
  *
  * - `POST /v1/completions`: serve/Completions.ts.
  * - `POST /v1/chat/completions`: serve/ChatCompletions.ts (the reply's tool calls and `tool_choice`: ChatReply.ts).
+ * - `POST /v1/responses` (OpenAI's Responses API): serve/Responses.ts.
+ * - `POST /v1/messages` (Anthropic's Messages API): serve/Messages.ts.
  * - `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`: serve/Models.ts.
  * - `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` (vLLM's runtime LoRA routes): serve/LoraAdmin.ts.
  * - `POST /v1/weights` (new weights from a trainer): serve/WeightUpdates.ts.
@@ -23,7 +25,9 @@ import type { AdapterRegistry, ServedModel } from "./AdapterRegistry.ts"
 import * as ChatCompletions from "./ChatCompletions.ts"
 import * as Completions from "./Completions.ts"
 import * as LoraAdmin from "./LoraAdmin.ts"
+import * as Messages from "./Messages.ts"
 import * as Models from "./Models.ts"
+import * as Responses from "./Responses.ts"
 import type * as Served from "./Served.ts"
 import * as UnknownRoutes from "./UnknownRoutes.ts"
 import * as WeightUpdates from "./WeightUpdates.ts"
@@ -51,6 +55,8 @@ export interface ServerOptions {
   readonly adapters?: AdapterRegistry
   /** How a chat request's `tools` reach the prompt; default: the chat template renders them (`templateTools`). */
   readonly toolPrompt?: ChatCompletions.ToolPrompt
+  /** How many responses' conversations `previous_response_id` can name; default `Responses.defaultMaxStored`. */
+  readonly maxStoredResponses?: number
 }
 
 /**
@@ -83,11 +89,10 @@ export const routes = (options: ServerOptions) =>
       yield* router.add("GET", "/health", Models.health(server))
       yield* router.add("GET", "/v1/models", Models.list(server))
       yield* router.add("POST", "/v1/completions", Completions.handler(server))
-      yield* router.add(
-        "POST",
-        "/v1/chat/completions",
-        ChatCompletions.handler(server, options.toolPrompt ?? ChatCompletions.templateTools)
-      )
+      const toolPrompt = options.toolPrompt ?? ChatCompletions.templateTools
+      yield* router.add("POST", "/v1/chat/completions", ChatCompletions.handler(server, toolPrompt))
+      yield* router.add("POST", "/v1/responses", Responses.handler(server, toolPrompt, options.maxStoredResponses))
+      yield* router.add("POST", "/v1/messages", Messages.handler(server, toolPrompt))
       yield* router.add("POST", "/v1/load_lora_adapter", LoraAdmin.load(server))
       yield* router.add("POST", "/v1/unload_lora_adapter", LoraAdmin.unload(server))
       yield* router.add(

@@ -57,7 +57,8 @@ const errorTypes: Record<number, string> = {
 export const fail = (message: string, status = 400, param: string | null = null, type?: string) =>
   Effect.fail(new BadRequest(message, status, param, type))
 
-export const respondError = (e: BadRequest) => HttpServerResponse.jsonUnsafe(errorBody(e), { status: e.status })
+export const respondError = (e: BadRequest, body: (e: BadRequest) => unknown = errorBody) =>
+  HttpServerResponse.jsonUnsafe(body(e), { status: e.status })
 
 export const fromInferenceError = (e: InferenceError) =>
   new BadRequest(
@@ -65,12 +66,15 @@ export const fromInferenceError = (e: InferenceError) =>
     e.reason === "BadResponse" ? 400 : e.reason === "Overloaded" ? 503 : e.reason === "Unreachable" ? 502 : 500
   )
 
-/** A route's answer with its refusals, and its defects, answered in the error body. */
-export const handle = <R>(effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>) =>
+/** A route's answer with its refusals, and its defects, answered in the error body (`body`: another API's). */
+export const handle = <R>(
+  effect: Effect.Effect<HttpServerResponse.HttpServerResponse, BadRequest, R>,
+  body: (e: BadRequest) => unknown = errorBody
+) =>
   effect.pipe(
-    Effect.catch((e: BadRequest) => Effect.succeed(respondError(e))),
+    Effect.catch((e: BadRequest) => Effect.succeed(respondError(e, body))),
     // a bug is still answered in the error body (500), not with an empty one
     Effect.catchDefect((defect) =>
-      Effect.succeed(respondError(new BadRequest(defect instanceof Error ? defect.message : String(defect), 500)))
+      Effect.succeed(respondError(new BadRequest(defect instanceof Error ? defect.message : String(defect), 500), body))
     )
   )

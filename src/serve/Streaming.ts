@@ -1,6 +1,6 @@
 /**
- * Streamed answers of the completions and chat routes (serve/Completions.ts and serve/ChatCompletions.ts have their
- * chunks), and the request scope a streamed answer outlives its handler in:
+ * Streamed answers of the completions, chat, responses and messages routes (each route's module has its events), and
+ * the request scope a streamed answer outlives its handler in:
  *
  * - `stream: true`: Server-Sent Events (`data: <chunk>` … `data: [DONE]`), chunks as OpenAI's and vLLM's, sent as the
  *   tokens are sampled (LocalEngine's `onToken`; an engine that returns whole completions has its tokens sent when it
@@ -8,6 +8,8 @@
  *   generation ended, replayed in the same chunks. A failure after the first chunk is a last event in the error body
  *   (serve/Refusal.ts), then `[DONE]`. `stream_options: {include_usage: true}` adds `usage: null` to each chunk and a
  *   last chunk with `choices: []` and the usage (`stream_options` without `stream` is vLLM's 400).
+ * - The Responses API and Anthropic's Messages API name each event (`event: <type>` before its `data:`) and send no
+ *   `[DONE]` (`namedEvents`).
  */
 import { Effect, Exit, Queue, Scope, Stream } from "effect"
 import { HttpServerResponse } from "effect/http"
@@ -80,6 +82,17 @@ export interface StreamPlan {
   /** Choice `index`'s token `t`, in order; `finishReason` is set on its last token. */
   readonly token: (index: number, t: number, event: TokenEvent) => ReadonlyArray<unknown>
   readonly end: (results: ReadonlyArray<GenerateResult>) => ReadonlyArray<unknown>
+  /** How events are written; default `dataLines` (chat and completions). */
+  readonly framing?: Framing
+}
+
+/** How a stream's events are written as Server-Sent Events. */
+export interface Framing {
+  readonly line: (event: unknown) => Uint8Array
+  /** The event a failure after the first event is sent as. */
+  readonly error: (e: Refusal.BadRequest) => unknown
+  /** Whether `data: [DONE]` ends the stream. */
+  readonly done: boolean
 }
 
 /** Result tokens from `from` on as token events (the last carries the finish reason). */
@@ -96,7 +109,23 @@ const tokenEvents = (r: GenerateResult, from: number): Array<TokenEvent> =>
   })
 
 const encoder = new TextEncoder()
-const sseLine = (event: unknown) => encoder.encode(`data: ${event === "[DONE]" ? event : JSON.stringify(event)}\n\n`)
+
+/** OpenAI's chat and completions streams: `data: <json>` per event, the error body on failure, `data: [DONE]` last. */
+export const dataLines: Framing = {
+  line: (event) => encoder.encode(`data: ${event === "[DONE]" ? event : JSON.stringify(event)}\n\n`),
+  error: Refusal.errorBody,
+  done: true
+}
+
+/**
+ * The Responses API's and Anthropic's streams: `event: <type>` and `data: <json>` per event (each event's `type`
+ * names it), `error` its failure event, no `[DONE]`.
+ */
+export const namedEvents = (error: (e: Refusal.BadRequest) => unknown): Framing => ({
+  line: (event) => encoder.encode(`event: ${(event as { type: string }).type}\ndata: ${JSON.stringify(event)}\n\n`),
+  error,
+  done: false
+})
 
 const sseResponse = (body: Stream.Stream<Uint8Array>) =>
   HttpServerResponse.stream(body, { contentType: "text/event-stream", headers: { "cache-control": "no-cache" } })
@@ -111,8 +140,9 @@ export const liveStream = (plan: StreamPlan, scope: Scope.Closeable) =>
   sseResponse(
     Stream.callback<Uint8Array>((queue) =>
       Effect.gen(function* () {
+        const framing = plan.framing ?? dataLines
         const emit = (event: unknown) => {
-          Queue.offerUnsafe(queue, sseLine(event))
+          Queue.offerUnsafe(queue, framing.line(event))
         }
         plan.start.forEach(emit)
         const sent = plan.requests.map(() => 0)
@@ -128,14 +158,14 @@ export const liveStream = (plan: StreamPlan, scope: Scope.Closeable) =>
           ),
           Effect.result
         )
-        if (result._tag === "Failure") emit(Refusal.errorBody(result.failure))
+        if (result._tag === "Failure") emit(framing.error(result.failure))
         else {
           result.success.forEach((r, i) => {
             for (const event of tokenEvents(r, sent[i]!)) plan.token(i, sent[i]!++, event).forEach(emit)
           })
           plan.end(result.success).forEach(emit)
         }
-        emit("[DONE]")
+        if (framing.done) emit("[DONE]")
         yield* Queue.end(queue)
       })
     ).pipe(Stream.ensuring(Scope.close(scope, Exit.void)))
@@ -144,13 +174,14 @@ export const liveStream = (plan: StreamPlan, scope: Scope.Closeable) =>
 /** The same answer with the generation run first (so it can still be refused with a status): replayed from results. */
 export const bufferedStream = (plan: StreamPlan) =>
   Effect.map(plan.generate(plan.requests), (results) => {
+    const framing = plan.framing ?? dataLines
     const events = [
       ...plan.start,
       ...results.flatMap((r, i) => tokenEvents(r, 0).flatMap((event, t) => plan.token(i, t, event))),
       ...plan.end(results),
-      "[DONE]"
+      ...(framing.done ? ["[DONE]"] : [])
     ]
-    return sseResponse(Stream.fromIterable(events.map(sseLine)))
+    return sseResponse(Stream.fromIterable(events.map(framing.line)))
   })
 
 /**
