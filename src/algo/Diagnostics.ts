@@ -4,7 +4,7 @@
  * `tf.variableGrads(f)` runs `f` inside its own tidy and keeps only the returned scalar, so metric tensors built next
  * to the loss would be disposed before anyone reads them. {@link variableGrads} keeps them: the caller owns the
  * returned `value`, `grads` and `metrics` and frees them with {@link dispose} (or reads and frees metrics with
- * {@link read}, outside any tidy: it awaits the download).
+ * {@link read}, outside any tidy: it awaits the download; {@link readSync} where the backend reads synchronously).
  */
 import * as tf from "@tensorflow/tfjs"
 
@@ -40,6 +40,19 @@ export const read = async <M extends Readonly<Record<string, tf.Scalar>>>(
   const entries = Object.entries(metrics)
   const data = await Promise.all(entries.map(([, x]) => x.data())).finally(() => tf.dispose(entries.map(([, x]) => x)))
   return Object.fromEntries(entries.map(([key], i) => [key, data[i]![0]!])) as { [K in keyof M]: number }
+}
+
+/**
+ * {@link read}, synchronously (`dataSync`), for the plain-array functions: every backend but webgpu in Node reads
+ * synchronously (see `Matrix.assertSyncRead`).
+ */
+export const readSync = <M extends Readonly<Record<string, tf.Scalar>>>(metrics: M): { [K in keyof M]: number } => {
+  const entries = Object.entries(metrics)
+  try {
+    return Object.fromEntries(entries.map(([key, x]) => [key, x.dataSync()[0]!])) as { [K in keyof M]: number }
+  } finally {
+    tf.dispose(entries.map(([, x]) => x))
+  }
 }
 
 /** Dispose what {@link variableGrads} returned. */

@@ -13,6 +13,7 @@
  */
 import * as tf from "@tensorflow/tfjs"
 import type { klEstimators } from "../config/TrainerConfig.ts"
+import * as Diagnostics from "./Diagnostics.ts"
 import * as Matrix from "./Matrix.ts"
 import * as Reduction from "./Reduction.ts"
 
@@ -64,16 +65,40 @@ export const loss = (
     return tf.mean(Reduction.maskedRowMean(kl, lossMask)) // []
   })
 
-/** Plain-array form of {@link approx}: per-token KL estimates, `[B][T]` in and out (read back asynchronously). */
-export const estimate = async (
+/**
+ * Plain-array form of {@link approx}: per-token KL estimates, `[B][T]` in and out. Synchronous; on the webgpu backend,
+ * which cannot read synchronously in Node, use {@link estimateAsync}.
+ */
+export const estimate = (
+  estimator: Estimator,
+  logProbs: Matrix.Rows,
+  refLogProbs: Matrix.Rows,
+  mask?: Matrix.Rows
+): Array<Array<number>> => {
+  Matrix.assertSyncRead("Kl.estimate", "await Kl.estimateAsync(...) instead, with the same arguments")
+  return Matrix.readRows(estimateTensor(estimator, logProbs, refLogProbs, mask))
+}
+
+/** {@link estimate}, read back asynchronously (`array()`): for every backend, webgpu included. */
+export const estimateAsync = async (
   estimator: Estimator,
   logProbs: Matrix.Rows,
   refLogProbs: Matrix.Rows,
   mask?: Matrix.Rows
 ): Promise<Array<Array<number>>> => {
+  const kl = estimateTensor(estimator, logProbs, refLogProbs, mask)
+  return kl.array().finally(() => kl.dispose())
+}
+
+const estimateTensor = (
+  estimator: Estimator,
+  logProbs: Matrix.Rows,
+  refLogProbs: Matrix.Rows,
+  mask: Matrix.Rows | undefined
+): tf.Tensor2D => {
   Matrix.assertSameShape(refLogProbs, logProbs, "refLogProbs", "logProbs")
   if (mask !== undefined) Matrix.assertSameShape(mask, logProbs, "mask", "logProbs")
-  const kl = tf.tidy(() =>
+  return tf.tidy(() =>
     approx(
       Matrix.toTensor(logProbs, "logProbs"),
       Matrix.toTensor(refLogProbs, "refLogProbs"),
@@ -81,7 +106,6 @@ export const estimate = async (
       mask === undefined ? undefined : Matrix.toTensor(mask, "mask")
     )
   ) // [B, T]
-  return kl.array().finally(() => kl.dispose())
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -124,8 +148,9 @@ export const update = (controller: Controller, current: number, nSteps: number):
  *
  * Returns the penalised rewards, the stepped controller, the β that was applied, avgKl and
  * avgKlMax = mean_b max_t |kl_{b,t}| (SkyRL's `loss/avg_kl`, `loss/avg_kl_max`, `loss/kl_loss_coef`).
+ * Synchronous, as {@link estimate}: not on the webgpu backend in Node.
  */
-export const applyKlPenalty = async (
+export const applyKlPenalty = (
   input: {
     readonly tokenLevelRewards: Matrix.Rows
     readonly logProbs: Matrix.Rows
@@ -133,13 +158,18 @@ export const applyKlPenalty = async (
     readonly lossMask: Matrix.Rows
   },
   options: { readonly controller: Controller; readonly estimator: Estimator }
-): Promise<{
+): {
   readonly tokenLevelRewards: Array<Array<number>>
   readonly controller: Controller
   readonly klCoef: number
   readonly avgKl: number
   readonly avgKlMax: number
-}> => {
+} => {
+  Matrix.assertSyncRead(
+    "Kl.applyKlPenalty",
+    "take kl from await Kl.estimateAsync(estimator, logProbs, refLogProbs, lossMask), subtract β·kl from the " +
+      "rewards and step β with Kl.update"
+  )
   for (const [rows, name] of [
     [input.logProbs, "logProbs"],
     [input.refLogProbs, "refLogProbs"],
@@ -153,15 +183,13 @@ export const applyKlPenalty = async (
     const logProbs = Matrix.toTensor(input.logProbs, "logProbs") // [B, T]
     const kl = approx(logProbs, Matrix.toTensor(input.refLogProbs, "refLogProbs"), options.estimator, mask) // [B, T]
     const rewards = Matrix.toTensor(input.tokenLevelRewards, "tokenLevelRewards") // [B, T]
-    const penalised = tf.sub(rewards, tf.mul(kl, Math.max(0, klCoef))) // [B, T]
-    const klMean = tf.mean(Reduction.maskedRowMean(kl, mask)) // []
-    const klMax = tf.mean(tf.max(tf.abs(kl), -1)) // []
+    const penalised = tf.sub<tf.Tensor2D>(rewards, tf.mul(kl, Math.max(0, klCoef))) // [B, T]
+    const klMean = tf.mean<tf.Scalar>(Reduction.maskedRowMean(kl, mask)) // []
+    const klMax = tf.mean<tf.Scalar>(tf.max(tf.abs(kl), -1)) // []
     return { penalised, klMean, klMax }
   })
-  const tensors = [out.penalised, out.klMean, out.klMax]
-  const [rewards, avgKl, avgKlMax] = (await Promise.all(tensors.map((x) => x.array())).finally(() =>
-    tf.dispose(tensors)
-  )) as [Array<Array<number>>, number, number]
+  const { avgKl, avgKlMax } = Diagnostics.readSync({ avgKl: out.klMean, avgKlMax: out.klMax })
+  const rewards = Matrix.readRows(out.penalised)
   const controller = update(options.controller, avgKl, input.tokenLevelRewards.length)
   return { tokenLevelRewards: rewards, controller, klCoef, avgKl, avgKlMax }
 }

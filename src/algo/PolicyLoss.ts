@@ -287,10 +287,15 @@ export type Values = { readonly loss: number; readonly clipRatio: number; readon
 >
 
 /**
- * Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back. Async:
- * the values are downloaded with `data()` (webgpu has no synchronous read), after the tidy that computed them.
+ * Plain-array form of {@link loss}: evaluate the loss named `name` (no gradient) and read every number back.
+ * Synchronous (`dataSync`, after the tidy that computed them); on the webgpu backend, which cannot read synchronously
+ * in Node, evaluate {@link loss} on tensors and `await Diagnostics.read` its loss and metrics.
  */
-export const compute = async <N extends Name>(name: N, inputs: ArrayInputs, options: Options[N]): Promise<Values> => {
+export const compute = <N extends Name>(name: N, inputs: ArrayInputs, options: Options[N]): Values => {
+  Matrix.assertSyncRead(
+    "PolicyLoss.compute",
+    "evaluate PolicyLoss.loss on tensors and await Diagnostics.read({ loss, ...metrics }) instead"
+  )
   Matrix.assertSameShape(inputs.oldLogProbs, inputs.logProbs, "oldLogProbs", "logProbs")
   Matrix.assertSameShape(inputs.advantages, inputs.logProbs, "advantages", "logProbs")
   Matrix.assertSameShape(inputs.lossMask, inputs.logProbs, "lossMask", "logProbs")
@@ -311,7 +316,7 @@ export const compute = async <N extends Name>(name: N, inputs: ArrayInputs, opti
       options
     )
   )
-  return (await Diagnostics.read({ loss: out.loss, ...out.metrics })) as Values
+  return Diagnostics.readSync({ loss: out.loss, ...out.metrics }) as Values
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -499,7 +499,7 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
       let old: Array<Array<number> | undefined> | undefined
       if (refLogProbs !== undefined && algo.use_kl_in_reward) {
         const old0 = yield* passOver(0)
-        const kl = yield* Effect.promise(() => Kl.estimate(algo.kl_estimator_type, old0, refLogProbs))
+        const kl = yield* Effect.promise(() => Kl.estimateAsync(algo.kl_estimator_type, old0, refLogProbs))
         batch = TrainingBatch.build(groups, { ...withValues, klPenalty: { kl, coef: klController.value } })
         const observed = mean(
           kl.map((r, i) => {

@@ -1,5 +1,6 @@
 import { assert, describe, it } from "@effect/vitest"
 import * as tf from "@tensorflow/tfjs"
+import { MathBackendCPU } from "@tensorflow/tfjs-backend-cpu"
 import * as Kl from "../../src/algo/Kl.ts"
 import { assertClose, assertNoLeak, assertTensorClose, t2 } from "./assertions.ts"
 
@@ -9,37 +10,58 @@ describe("Kl.estimate", () => {
   const refLogProbs = [[0.1, 0.2, 0.4]]
   const mask = [[1, 1, 0]]
 
-  it("k1 is the masked log-ratio δ", async () => {
-    assertClose(await Kl.estimate("k1", logProbs, refLogProbs, mask), [[0.1, 0.1, 0]], 1e-6)
+  it("k1 is the masked log-ratio δ", () => {
+    assertClose(Kl.estimate("k1", logProbs, refLogProbs, mask), [[0.1, 0.1, 0]], 1e-6)
   })
 
-  it("abs is |δ|, k2 is ½δ², masked", async () => {
-    assertClose(await Kl.estimate("abs", [[-1, -2]], [[-2, -1]]), [[1, 1]], 1e-6)
+  it("abs is |δ|, k2 is ½δ², masked", () => {
+    assertClose(Kl.estimate("abs", [[-1, -2]], [[-2, -1]]), [[1, 1]], 1e-6)
     // ½ · 0.1² = 0.005
-    assertClose(await Kl.estimate("k2", logProbs, refLogProbs, mask), [[0.005, 0.005, 0]], 1e-6)
+    assertClose(Kl.estimate("k2", logProbs, refLogProbs, mask), [[0.005, 0.005, 0]], 1e-6)
   })
 
-  it("k3 is e^{−δ} − 1 + δ", async () => {
+  it("k3 is e^{−δ} − 1 + δ", () => {
     // δ = 0.1: e^{−0.1} − 1 + 0.1 = 0.0048374;  δ = 1: e^{−1} = 0.3678794
-    assertClose(await Kl.estimate("k3", logProbs, refLogProbs, mask), [[0.0048374, 0.0048374, 0]], 1e-6)
-    assertClose(await Kl.estimate("k3", [[-1]], [[-2]]), [[Math.exp(-1)]], 1e-6)
+    assertClose(Kl.estimate("k3", logProbs, refLogProbs, mask), [[0.0048374, 0.0048374, 0]], 1e-6)
+    assertClose(Kl.estimate("k3", [[-1]], [[-2]]), [[Math.exp(-1)]], 1e-6)
   })
 
-  it("k3 clamps the log-ratio to ±20 and the estimate to ±10, as SkyRL", async () => {
+  it("k3 clamps the log-ratio to ±20 and the estimate to ±10, as SkyRL", () => {
     // δ = 30: κ = −30 → −20, e^{−20} + 20 − 1 = 19.0 → 10;  δ = −30: κ = 20, e^{20} − 21 → 10;  δ = −2: e² − 3 = 4.389
-    assertClose(await Kl.estimate("k3", [[0, -30, -2]], [[-30, 0, 0]]), [[10, 10, Math.exp(2) - 3]], 1e-5)
+    assertClose(Kl.estimate("k3", [[0, -30, -2]], [[-30, 0, 0]]), [[10, 10, Math.exp(2) - 3]], 1e-5)
   })
 
   // SkyRL test_compute_approx_kl_applies_loss_mask
-  it("zeroes masked positions even when their inputs are NaN, and scales kept ones by a soft mask", async () => {
+  it("zeroes masked positions even when their inputs are NaN, and scales kept ones by a soft mask", () => {
     const lp = [[0.2, 0.3, 0.5, 0.7]]
     const ref = [[0.1, 0.2, 0.4, Number.NaN]]
     const soft = [[1, 0.5, 0.25, 0]]
     for (const estimator of ["k1", "k2", "k3", "abs"] as const) {
-      const kl = (await Kl.estimate(estimator, lp, ref, soft))[0]!
-      const unmasked = (await Kl.estimate(estimator, lp, ref))[0]!
+      const kl = Kl.estimate(estimator, lp, ref, soft)[0]!
+      const unmasked = Kl.estimate(estimator, lp, ref)[0]!
       assert.strictEqual(kl[3], 0, `${estimator}: masked position`)
       assertClose(kl.slice(0, 3), [unmasked[0]!, unmasked[1]! * 0.5, unmasked[2]! * 0.25], 1e-6, 1e-6, estimator)
+    }
+  })
+})
+
+describe("Kl.estimateAsync", () => {
+  it("reads the same estimates back asynchronously, for backends without synchronous reads", async () => {
+    const [lp, ref, mask] = [[[0.2, 0.3, 0.5]], [[0.1, 0.2, 0.4]], [[1, 1, 0]]]
+    const before = tf.memory().numTensors
+    assert.deepStrictEqual(await Kl.estimateAsync("k3", lp, ref, mask), Kl.estimate("k3", lp, ref, mask))
+    assert.strictEqual(tf.memory().numTensors, before)
+  })
+
+  it("is what Kl.estimate points to on webgpu, which cannot read synchronously in Node", async () => {
+    // a stand-in registered under webgpu's name: the check reads the backend's name before any kernel runs
+    tf.registerBackend("webgpu", () => new MathBackendCPU())
+    await tf.setBackend("webgpu")
+    try {
+      assert.throws(() => Kl.estimate("k1", [[0]], [[0]]), /webgpu backend cannot do in Node: await Kl\.estimateAsync/)
+    } finally {
+      await tf.setBackend("cpu")
+      tf.removeBackend("webgpu")
     }
   })
 })
@@ -131,8 +153,8 @@ describe("Kl.applyKlPenalty", () => {
     ]
   }
 
-  it("subtracts β·kl from the per-token rewards and reports SkyRL's avg_kl and avg_kl_max", async () => {
-    const out = await Kl.applyKlPenalty(input, { controller: Kl.fixed(0.5), estimator: "k1" })
+  it("subtracts β·kl from the per-token rewards and reports SkyRL's avg_kl and avg_kl_max", () => {
+    const out = Kl.applyKlPenalty(input, { controller: Kl.fixed(0.5), estimator: "k1" })
     assertClose(out.tokenLevelRewards, [
       [-0.5, 1],
       [0, 0]
@@ -140,14 +162,14 @@ describe("Kl.applyKlPenalty", () => {
     assertClose([out.klCoef, out.avgKl, out.avgKlMax], [0.5, 0.25, 0.5])
   })
 
-  it("steps an adaptive controller on avgKl with nSteps = batch size", async () => {
+  it("steps an adaptive controller on avgKl with nSteps = batch size", () => {
     // error clip(0.25/0.1 − 1) = 0.2, nSteps = 2: β = 0.5 · (1 + 0.2 · 2/10) = 0.52
     const controller = Kl.adaptive({ initKlCoef: 0.5, target: 0.1, horizon: 10 })
-    assertClose((await Kl.applyKlPenalty(input, { controller, estimator: "k1" })).controller.value, 0.52, 0, 1e-9)
+    assertClose(Kl.applyKlPenalty(input, { controller, estimator: "k1" }).controller.value, 0.52, 0, 1e-9)
   })
 
-  it("never rewards divergence: a negative β applies no penalty (SkyRL uses max(0, β))", async () => {
-    const out = await Kl.applyKlPenalty(input, { controller: Kl.fixed(-1), estimator: "k1" })
+  it("never rewards divergence: a negative β applies no penalty (SkyRL uses max(0, β))", () => {
+    const out = Kl.applyKlPenalty(input, { controller: Kl.fixed(-1), estimator: "k1" })
     assertClose(out.tokenLevelRewards, input.tokenLevelRewards)
   })
 })

@@ -3,7 +3,7 @@ import { Effect } from "effect"
 import * as EffectRl from "../../src/index.ts"
 
 describe("effect-rl library API", () => {
-  it("exposes SkyRL-shaped maths on plain arrays", async () => {
+  it("exposes SkyRL-shaped maths on plain arrays, returning numbers synchronously", () => {
     // one group of two: rewards [1, 0] on the last token → Â = ±1/√2 (SkyRL's unbiased std)
     const { advantages } = EffectRl.Advantages.compute("grpo", {
       tokenLevelRewards: [
@@ -18,9 +18,9 @@ describe("effect-rl library API", () => {
     })
     assert.closeTo(advantages[0]![0]!, Math.SQRT1_2, 1e-5)
     assert.closeTo(advantages[1]![1]!, -Math.SQRT1_2, 1e-5)
-    const kl = await EffectRl.Kl.estimate("k1", [[-1]], [[-1.5]])
+    const kl = EffectRl.Kl.estimate("k1", [[-1]], [[-1.5]])
     assert.closeTo(kl[0]![0]!, 0.5, 1e-6)
-    const loss = await EffectRl.PolicyLoss.compute(
+    const loss = EffectRl.PolicyLoss.compute(
       "regular",
       { logProbs: [[-1]], oldLogProbs: [[-1]], advantages: [[2]], lossMask: [[1]] },
       { epsClipLow: 0.2, epsClipHigh: 0.2, lossReduction: "token_mean" }
