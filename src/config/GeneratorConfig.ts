@@ -54,6 +54,20 @@ export const EngineConfig = Schema.Struct({
 })
 export type EngineConfig = typeof EngineConfig.Type
 
+/**
+ * An agent program as the rollout (generator/AgentProgram.ts): each sample of a prompt is one run of `command`, whose
+ * SDK client talks to the policy through the agent gateway (generator/AgentGateway.ts), every call recorded.
+ */
+export const AgentConfig = Schema.Struct({
+  // the program and its arguments, e.g. [node, examples/agents/ai-sdk-agent.mjs]; `node` is the trainer's own Node
+  command: Schema.Array(Schema.NonEmptyString).check(Schema.isMinLength(1)),
+  // a run longer than this is killed (its process group) and its trajectory ends `error`
+  timeout_seconds: PositiveInt.pipe(withDefault(300)),
+  env: Schema.Record(Schema.String, Schema.String).pipe(withDefault({})), // more environment variables
+  cwd: Schema.optionalKey(Schema.NonEmptyString) // default: the trainer's working directory
+})
+export type AgentConfig = typeof AgentConfig.Type
+
 /** How rollouts are generated: the group size, turn and length limits, sampling, and the engine that samples. */
 export const GeneratorConfig = Schema.Struct({
   n_samples_per_prompt: PositiveInt.pipe(withDefault(4)), // the GRPO group size
@@ -68,6 +82,8 @@ export const GeneratorConfig = Schema.Struct({
   eval_n_samples_per_prompt: PositiveInt.pipe(withDefault(1)), // samples per held-out prompt (the n of pass_at_n)
   step_wise: Schema.Boolean.pipe(withDefault(false)), // one training row per turn (templates that rewrite history)
   seed: NonNegativeInt.pipe(withDefault(0)), // the base of every group's sampling seed
-  engine: EngineConfig.pipe(withDefault({}))
+  engine: EngineConfig.pipe(withDefault({})),
+  // an agent program per sample instead of the built-in loop (max_turns then bounds its model calls)
+  agent: Schema.optionalKey(AgentConfig)
 })
 export type GeneratorConfig = typeof GeneratorConfig.Type

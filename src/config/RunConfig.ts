@@ -81,6 +81,24 @@ const Sections = Schema.Struct({
   ),
   Schema.makeFilter(
     (c) =>
+      c.generator.agent === undefined ||
+      c.pipeline.rollouts === "local" || {
+        path: ["generator", "agent"],
+        issue:
+          "generator.agent runs its programs beside the trainer: use pipeline.rollouts local (cluster runners do not host the agent gateway)"
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
+      c.generator.agent === undefined ||
+      c.trainer.algorithm.advantage_estimator !== "gae" || {
+        path: ["generator", "agent"],
+        issue:
+          "generator.agent may train a trajectory step-wise (when the program rewrites its history), which gae cannot"
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
       c.model.init === undefined ||
       c.tokenizer.kind === "byte" ||
       c.tokenizer.path !== undefined || {

@@ -12,7 +12,9 @@ import type { EnvRegistry } from "../env/EnvRegistry.ts"
 import type { GroupJudge } from "../env/GroupJudge.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import { Tokenizer } from "../tokenizer/Tokenizer.ts"
+import { AgentGateway } from "./AgentGateway.ts"
 import * as AgentLoop from "./AgentLoop.ts"
+import * as AgentProgram from "./AgentProgram.ts"
 
 /** A prompt and its position in this run's dataset order (the resume cursor). */
 export interface Prompt {
@@ -27,6 +29,8 @@ export interface GeneratorOptions extends AgentLoop.Options {
   readonly unordered: boolean
   /** scores the finished groups of rows whose reward_spec.method is judge (environment.judge) */
   readonly judge?: GroupJudge | undefined
+  /** each sample is a run of this agent program (generator.agent), through the AgentGateway in context */
+  readonly agent?: AgentProgram.AgentOptions | undefined
 }
 
 export class Generator extends Context.Service<
@@ -63,6 +67,15 @@ export const make = Effect.fn("Generator.make")(function* (options: GeneratorOpt
   // the services, not the span the layer was built under: a group's span is a child of the caller's (the step's)
   const context = Context.omit(Tracer.ParentSpan)(yield* Effect.context<InferenceEngine | Tokenizer | EnvRegistry>())
   const tokenizer = Context.get(context, Tokenizer)
+  const found = yield* Effect.serviceOption(AgentGateway)
+  const gateway =
+    found._tag === "Some"
+      ? Effect.succeed(found.value)
+      : Effect.die(
+          new Error(
+            "generator.agent needs the agent gateway, which this runner does not host (use pipeline.rollouts: local)"
+          )
+        )
   const decode = (ids: ReadonlyArray<number>) => tokenizer.decode(ids)
   /** A judge row's group once the judge scored it (the episodes paid nothing: Rewards' method "judge"). */
   const judged = (row: PromptRow, g: TrajectoryGroup, judge: GroupJudge | undefined) => {
@@ -78,7 +91,10 @@ export const make = Effect.fn("Generator.make")(function* (options: GeneratorOpt
     const o = { ...options, ...overrides }
     return Effect.forEach(
       Array.from({ length: o.samplesPerPrompt }, (_, i) => i),
-      (sample) => AgentLoop.run(prompt.row, sample, o),
+      (sample) =>
+        o.agent === undefined
+          ? AgentLoop.run(prompt.row, sample, o)
+          : AgentProgram.run(prompt.row, sample, o, o.agent).pipe(Effect.provideServiceEffect(AgentGateway, gateway)),
       { concurrency: o.samplesPerPrompt }
     ).pipe(
       Effect.flatMap((trajectories) =>

@@ -30,6 +30,7 @@ import * as MathEnv from "../env/MathEnv.ts"
 import * as McpToolEnv from "../env/McpToolEnv.ts"
 import * as ToolIo from "../env/ToolIo.ts"
 import * as TauEnv from "../env/tau/TauEnv.ts"
+import * as AgentGateway from "../generator/AgentGateway.ts"
 import * as Generator from "../generator/Generator.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LlamaCppEngine from "../inference/LlamaCppEngine.ts"
@@ -41,6 +42,7 @@ import * as Metrics from "../metrics/Metrics.ts"
 import * as Tracking from "../metrics/Tracking.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as TrainingLoop from "../pipeline/TrainingLoop.ts"
+import * as ToolPrompts from "../serve/ToolPrompts.ts"
 import * as Checkpointer from "../store/Checkpointer.ts"
 import * as EpisodeLog from "../store/EpisodeLog.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
@@ -78,8 +80,28 @@ export const generatorOptions = (c: RunConfig): Generator.GeneratorOptions => ({
   chat: c.generator.engine.chat,
   samplesPerPrompt: c.generator.n_samples_per_prompt,
   maxConcurrentGroups: c.generator.max_concurrent_groups,
-  unordered: c.pipeline.mode === "async"
+  unordered: c.pipeline.mode === "async",
+  ...(c.generator.agent === undefined
+    ? {}
+    : {
+        agent: {
+          command: c.generator.agent.command,
+          timeoutSeconds: c.generator.agent.timeout_seconds,
+          env: c.generator.agent.env,
+          cwd: c.generator.agent.cwd,
+          toolCallFormat: c.environment.tool_call_format
+        }
+      })
 })
+
+/** The agent gateway of `generator.agent` on a free loopback port, or nothing. */
+const agentGateway = (c: RunConfig) =>
+  c.generator.agent === undefined
+    ? Layer.empty
+    : AgentGateway.layer(
+        ToolPrompts.fromEnvironment(c.environment.tool_prompt, c.environment.tool_call_format),
+        NodeHttpServer.layer(createServer, { port: 0, host: "127.0.0.1" })
+      )
 
 /** Tool I/O: live calls, live calls recorded, or a recorded run's results served back with no server. */
 const toolIo = (c: RunConfig) => {
@@ -322,7 +344,8 @@ export const training = (c: RunConfig, options: RunOptions) =>
         EpisodeLog.layer(options.runDir),
         Metrics.layer(options.runDir, { progress: c.logging.progress, gauges: track && wantsGauges(c.logging) })
       ).pipe(Layer.provide(NodeServices.layer), Layer.orDie)
-      const core = Layer.mergeAll(Generator.layer({ ...generatorOptions(c), judge }), weightSync).pipe(
+      const generator = Generator.layer({ ...generatorOptions(c), judge }).pipe(Layer.provide(agentGateway(c)))
+      const core = Layer.mergeAll(generator, weightSync).pipe(
         Layer.provideMerge(engine),
         Layer.provideMerge(environments(c)),
         Layer.provideMerge(checkpointer)

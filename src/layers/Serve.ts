@@ -18,8 +18,6 @@ import { HttpRouter, HttpServer } from "effect/http"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
-import type { Message } from "../domain/Message.ts"
-import * as McpToolEnv from "../env/McpToolEnv.ts"
 import type * as ToolCallParser from "../env/ToolCallParser.ts"
 import type { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as LocalEngine from "../inference/LocalEngine.ts"
@@ -32,6 +30,7 @@ import * as AdapterRegistry from "../serve/AdapterRegistry.ts"
 import * as ChatCompletions from "../serve/ChatCompletions.ts"
 import * as DialectRoutes from "../serve/DialectRoutes.ts"
 import * as OpenAiServer from "../serve/OpenAiServer.ts"
+import * as ToolPrompts from "../serve/ToolPrompts.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
 import * as FileWeightSync from "../sync/FileWeightSync.ts"
 import * as AutoTokenizer from "../tokenizer/AutoTokenizer.ts"
@@ -178,45 +177,9 @@ const toolPromptOf = (checkpoint: string) =>
     const raw = yield* RunConfigLoader.readFile(file).pipe(Effect.option)
     if (raw._tag === "None") return ChatCompletions.templateTools
     const environment = (raw.value["environment"] ?? {}) as Record<string, unknown>
-    const style = environment["tool_prompt"] ?? "system"
+    const style = String(environment["tool_prompt"] ?? "system")
     const format = (environment["tool_call_format"] ?? "auto") as ToolCallParser.Format
-    // the format the policy was taught to write calls in (`auto` teaches hermes: McpToolEnv.systemPrompt)
-    const written: ToolCallParser.WriteFormat = format === "auto" ? "hermes" : format
-    switch (style) {
-      case "none":
-        return ((messages) => ({ messages, tools: [], format: written })) satisfies ChatCompletions.ToolPrompt
-      case "system":
-      case "compact": {
-        const chosen = style as "system" | "compact"
-        return ((messages, tools) => ({
-          messages: withSystem(
-            messages,
-            McpToolEnv.systemPrompt(
-              tools.map((t) => ({
-                name: t.function.name,
-                server: "",
-                remoteName: t.function.name,
-                description: t.function.description ?? "",
-                inputSchema: (t.function.parameters ?? {}) as Record<string, unknown>,
-                readOnly: false,
-                idempotent: false
-              })),
-              format,
-              chosen
-            )
-          ),
-          tools: [],
-          format: written
-        })) satisfies ChatCompletions.ToolPrompt
-      }
-      default:
-        return ChatCompletions.templateTools
-    }
+    return style === "system" || style === "compact" || style === "none"
+      ? ToolPrompts.fromEnvironment(style, format)
+      : ChatCompletions.templateTools
   })
-
-/** The env's way of adding its tool text: appended to the first system message, else a system message of its own. */
-const withSystem = (messages: ReadonlyArray<Message>, text: string): ReadonlyArray<Message> => {
-  const [first, ...rest] = messages
-  if (first?.role === "system") return [{ ...first, content: `${first.content}\n\n${text}` }, ...rest]
-  return [{ role: "system", content: text }, ...messages]
-}

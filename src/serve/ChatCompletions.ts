@@ -25,7 +25,7 @@
  *   where the tools' schema replaces it. A reply cut short (`max_tokens`, a `stop` string) is answered as it is, its
  *   text as content (`finish_reason` `length` / `stop`), as without tools.
  */
-import { Effect, Random } from "effect"
+import { Clock, Effect, Random } from "effect"
 import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
 import type * as ToolCallParser from "../env/ToolCallParser.ts"
@@ -160,12 +160,10 @@ export interface ChatInput {
 }
 
 /** A chat turn checked (in the order its refusals are given) and rendered. */
-export const prepare = (
-  { body, messages, tools, idPrefix }: ChatInput,
-  server: Served.Served,
-  toolPrompt: ToolPrompt
-) =>
+export const prepare = (input: ChatInput, server: Served.Served, toolPrompt: ToolPrompt) =>
   Effect.gen(function* () {
+    const { messages, tools, idPrefix } = input
+    const body = server.gateway?.rewrite(input.body) ?? input.body
     const { tokenizer } = server
     const { name, served } = yield* Served.servedFor(body, server)
     const { stream, includeUsage } = yield* Streaming.streamingOf(body)
@@ -195,7 +193,13 @@ export const prepare = (
       ["max_tokens", "max_completion_tokens"],
       server.maxN
     )
-    const unconstrained = yield* EngineRequests.requestsOf([promptIds], sampling, server.maxModelLen)
+    // behind a gateway, a reply may take the room the prompt leaves (the generator's rule), not more
+    const room = server.maxModelLen - promptIds.length
+    const fitted =
+      server.gateway !== undefined && room > 0 && (sampling.maxTokens ?? room) > room
+        ? { ...sampling, maxTokens: room }
+        : sampling
+    const unconstrained = yield* EngineRequests.requestsOf([promptIds], fitted, server.maxModelLen)
     const callsOnly = toolChoice.kind === "required" || toolChoice.kind === "named"
     const requests = callsOnly
       ? yield* ToolCallGrammar.constrained(unconstrained, {
@@ -220,7 +224,9 @@ export const prepare = (
     let replies: ReadonlyArray<ReturnType<typeof ChatReply.chatMessage>> = []
     const generate = (rs: ReadonlyArray<GenerateRequest>) =>
       Effect.gen(function* () {
+        const started = yield* Clock.currentTimeMillis
         const results = yield* EngineRequests.generateAll(served.engine, rs)
+        const llmMs = (yield* Clock.currentTimeMillis) - started
         alternatives = wantLogprobs ? yield* LogprobShapes.alternativesOf(served, rs, results, topK) : undefined
         replies = results.map((r) => {
           // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
@@ -231,6 +237,13 @@ export const prepare = (
             toolChoice.kind === "named" ? toolChoice.name : undefined,
             parallel
           )
+        })
+        server.gateway?.observe({
+          messages,
+          promptIds,
+          results,
+          replies: replies.map((r) => r.message),
+          llmMs
         })
         return results
       })

@@ -4,9 +4,12 @@
  * limits; and which of those models a request names:
  *
  * - `model`: absent or the served name samples the base; a loaded LoRA adapter's name samples with it (and the
- *   response's `model` names it); any other name is vLLM's 404 (`The model \`x\` does not exist.`, param `model`).
+ *   response's `model` names it); any other name is vLLM's 404 (`The model \`x\` does not exist.`, param `model`),
+ *   except behind a gateway, where every name is the policy.
  */
 import { Clock, Effect, type Scope } from "effect"
+import type { Message } from "../domain/Message.ts"
+import type { GenerateResult } from "../inference/InferenceEngine.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import type { AdapterRegistry, ServedModel } from "./AdapterRegistry.ts"
 import * as Refusal from "./Refusal.ts"
@@ -26,6 +29,27 @@ export interface Served {
   readonly base: ServedModel
   /** LoRA adapters loaded at run time (vLLM's `/v1/load_lora_adapter`); absent = those routes answer 404. */
   readonly adapters?: AdapterRegistry
+  /**
+   * A gateway's settings (generator/AgentGateway.ts), absent for `serve`: any `model` name is the base, each chat turn's
+   * fields are rewritten before they are read (the run's sampling), `max_tokens` is cut to the room the prompt leaves
+   * instead of refused, and each turn answered is observed.
+   */
+  readonly gateway?: Gateway
+}
+
+/** One chat turn a gateway saw answered: the conversation as chat messages, the prompt as rendered, what was sampled. */
+export interface ServedTurn {
+  readonly messages: ReadonlyArray<Message>
+  readonly promptIds: ReadonlyArray<number>
+  readonly results: ReadonlyArray<GenerateResult>
+  /** Each result's assistant message as the tool parser read it (`content`, `tool_calls`). */
+  readonly replies: ReadonlyArray<RequestBody.Json>
+  readonly llmMs: number
+}
+
+export interface Gateway {
+  readonly rewrite: (body: RequestBody.Json) => RequestBody.Json
+  readonly observe: (turn: ServedTurn) => void
 }
 
 /** Now in whole seconds, as the `created` of responses and model cards. */
@@ -41,7 +65,7 @@ export const servedFor = (
 ): Effect.Effect<{ readonly name: string; readonly served: ServedModel }, Refusal.BadRequest, Scope.Scope> =>
   Effect.gen(function* () {
     const name = body["model"]
-    if (name === undefined || name === null || name === "" || name === served.modelName) {
+    if (name === undefined || name === null || name === "" || name === served.modelName || served.gateway) {
       return { name: served.modelName, served: served.base }
     }
     if (typeof name !== "string") return yield* Refusal.fail(`"model" must be a string`, 400, "model")

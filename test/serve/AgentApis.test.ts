@@ -86,19 +86,23 @@ describe("the Responses API, through the openai client", () => {
 
   it("drives a two-turn tool loop with previous_response_id, whole and streamed alike", async () => {
     for (const stream of [false, true]) {
-      const first: OpenAI.Responses.ResponseCreateParamsNonStreaming = {
+      const first = {
         model,
         input: question,
         instructions: "Use the tools.",
         tools,
-        tool_choice: "required",
+        tool_choice: "required" as const,
         temperature: 1,
         max_output_tokens: 200,
         ...seeded(3)
       }
-      const r1 = stream ? await openai.responses.stream(first).finalResponse() : await openai.responses.create(first)
+      const r1: OpenAI.Responses.Response = stream
+        ? await openai.responses.stream(first).finalResponse()
+        : await openai.responses.create({ ...first, stream: false })
       assert.strictEqual(r1.status, "completed")
-      const calls = r1.output.filter((item) => item.type === "function_call")
+      const calls = r1.output.filter(
+        (item): item is OpenAI.Responses.ResponseFunctionToolCall => item.type === "function_call"
+      )
       assert.isAtLeast(calls.length, 1)
       for (const call of calls) {
         assert.strictEqual(call.name, "get_weather")
@@ -202,7 +206,8 @@ describe("the Messages API, through the @anthropic-ai/sdk client", () => {
   const tools: Array<Anthropic.Tool> = [
     { name: "get_weather", description: "The forecast", input_schema: weatherSchema as Anthropic.Tool.InputSchema }
   ]
-  const seeded = (seed: number) => ({ seed }) as object
+  // temperature (gone from the SDK's 1.x types, still sent by older clients) and vLLM's seed
+  const seeded = (seed: number) => ({ seed, temperature: 1 }) as object
 
   it("drives a two-turn tool loop with tool_use and tool_result blocks, whole and streamed alike", async () => {
     for (const stream of [false, true]) {
@@ -213,7 +218,6 @@ describe("the Messages API, through the @anthropic-ai/sdk client", () => {
         messages: [{ role: "user", content: question }],
         tools,
         tool_choice: { type: "any", disable_parallel_tool_use: true },
-        temperature: 1,
         ...seeded(3)
       }
       const m1 = stream ? await anthropic.messages.stream(first).finalMessage() : await anthropic.messages.create(first)
@@ -234,7 +238,6 @@ describe("the Messages API, through the @anthropic-ai/sdk client", () => {
         ],
         tools,
         tool_choice: { type: "none" },
-        temperature: 1,
         ...seeded(4)
       })
       assert.strictEqual(m2.stop_reason, "max_tokens")
