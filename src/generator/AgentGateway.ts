@@ -12,6 +12,8 @@
  *   a seed per call derived from the trajectory's, at most `max_generate_length` new tokens and never past the room
  *   `max_input_length` leaves (the program's `max_tokens` may ask for fewer); the run's stop strings join the
  *   program's;
+ * - the calls the program sends back are printed with their arguments in the spelling the policy was served them in
+ *   (an SDK that re-serialises them would otherwise rewrite the history);
  * - every answered call is a `ServedTurn`: the conversation as chat messages, the prompt ids as rendered, the sampled
  *   ids, their log-probs and versions, the reply as the tool parser read it;
  * - past `max_turns` calls a session answers 400 (not 429, which SDK clients retry), and a request for a session that
@@ -19,6 +21,8 @@
  */
 import { Context, Effect, Layer, type Scope } from "effect"
 import { HttpRouter, HttpServer, type HttpServerRequest, type HttpServerResponse } from "effect/http"
+import type { Message } from "../domain/Message.ts"
+import * as ToolCallParser from "../env/ToolCallParser.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as ChatCompletions from "../serve/ChatCompletions.ts"
 import * as Messages from "../serve/Messages.ts"
@@ -118,6 +122,28 @@ const rewrite =
     }
   }
 
+/**
+ * A call the program sends back prints as the policy wrote it: its arguments in the served spelling (serve's replies
+ * write them with ToolCallParser.pythonJson; an SDK that parses and re-serialises them, as the AI SDK does, would
+ * otherwise change the history, and the trajectory would go step-wise).
+ */
+const servedArguments = (messages: ReadonlyArray<Message>): ReadonlyArray<Message> =>
+  messages.map((m) =>
+    m.role !== "assistant" || m.tool_calls === undefined
+      ? m
+      : {
+          ...m,
+          tool_calls: m.tool_calls.map((call) => {
+            try {
+              const args = JSON.parse(call.function.arguments) as unknown
+              return { ...call, function: { ...call.function, arguments: ToolCallParser.pythonJson(args) } }
+            } catch {
+              return call
+            }
+          })
+        }
+  )
+
 export const make = Effect.fn("AgentGateway.make")(function* (
   toolPrompt: ChatCompletions.ToolPrompt,
   server: Layer.Layer<HttpServer.HttpServer, unknown>
@@ -172,7 +198,7 @@ export const make = Effect.fn("AgentGateway.make")(function* (
           maxRequestBytes: OpenAiServer.defaultMaxRequestBytes(options.maxInputLength),
           maxN: 1,
           base: { engine },
-          gateway: { rewrite: rewrite(options, state), observe: (turn) => turns.push(turn) }
+          gateway: { rewrite: rewrite(options, state), messages: servedArguments, observe: (turn) => turns.push(turn) }
         }
         const refused: Array<Refused> = []
         const session: Session = {

@@ -3,7 +3,8 @@
  * program talks to the policy through an SDK client pointed at the agent gateway (generator/AgentGateway.ts), which
  * records every call token-exact; the trajectory is built from those records, never from a re-tokenisation.
  *
- * - The program: `command` (`node` is this Node), in `cwd`, its own process group, with `OPENAI_BASE_URL`,
+ * - The program: `command` (`node` is this Node, with Node's compile cache on unless NODE_COMPILE_CACHE is set), in
+ *   `cwd`, its own process group, with `OPENAI_BASE_URL`,
  *   `ANTHROPIC_BASE_URL` (the trajectory's gateway session), `OPENAI_API_KEY` and `ANTHROPIC_API_KEY` (a dummy),
  *   `EFFECT_RL_TRAJECTORY` (`<uid>/<sample>`) and the config's `env`; the task row as one line of JSON on stdin. It
  *   may print a last stdout line `{"answer": …}`.
@@ -23,6 +24,8 @@
  *   no reward) when it exited non-zero, was killed at its timeout, could not start, or never called the model.
  */
 import { spawn } from "node:child_process"
+import * as os from "node:os"
+import * as path from "node:path"
 import { Clock, Duration, Effect } from "effect"
 import { PolicyDivergedError } from "../domain/Errors.ts"
 import type { Message, ToolCallWire } from "../domain/Message.ts"
@@ -70,6 +73,10 @@ const runProgram = (agent: AgentOptions, session: Session, row: PromptRow, id: s
           stdio: ["pipe", "pipe", "pipe"],
           env: {
             ...process.env,
+            // Node's compile cache: a program's imports are compiled once, not on every run (about 0.3 s of each)
+            ...(file === "node" && process.env["NODE_COMPILE_CACHE"] === undefined
+              ? { NODE_COMPILE_CACHE: path.join(os.tmpdir(), "effect-rl-agent-compile-cache") }
+              : {}),
             ...agent.env,
             OPENAI_BASE_URL: session.openAiBaseUrl,
             OPENAI_API_KEY: "effect-rl",

@@ -162,8 +162,9 @@ export interface ChatInput {
 /** A chat turn checked (in the order its refusals are given) and rendered. */
 export const prepare = (input: ChatInput, server: Served.Served, toolPrompt: ToolPrompt) =>
   Effect.gen(function* () {
-    const { messages, tools, idPrefix } = input
+    const { tools, idPrefix } = input
     const body = server.gateway?.rewrite(input.body) ?? input.body
+    const messages = server.gateway?.messages(input.messages) ?? input.messages
     const { tokenizer } = server
     const { name, served } = yield* Served.servedFor(body, server)
     const { stream, includeUsage } = yield* Streaming.streamingOf(body)
@@ -211,7 +212,8 @@ export const prepare = (input: ChatInput, server: Served.Served, toolPrompt: Too
         })
       : yield* EngineRequests.constrained(body, tokenizer, unconstrained)
     const created = yield* Served.secondsNow
-    const id = `${idPrefix}-${created}-${(yield* Random.nextInt).toString(16)}`
+    const nonce = (yield* Random.nextInt).toString(16)
+    const id = `${idPrefix}-${created}-${nonce}`
     const eos = new Set(tokenizer.eosIds)
     const tokensAsIds = body["return_tokens_as_token_ids"] === true
     const toolsOn = toolChoice.kind !== "none"
@@ -228,14 +230,16 @@ export const prepare = (input: ChatInput, server: Served.Served, toolPrompt: Too
         const results = yield* EngineRequests.generateAll(served.engine, rs)
         const llmMs = (yield* Clock.currentTimeMillis) - started
         alternatives = wantLogprobs ? yield* LogprobShapes.alternativesOf(served, rs, results, topK) : undefined
-        replies = results.map((r) => {
+        replies = results.map((r, index) => {
           // the end-of-turn token is markup, not content (vLLM's skip_special_tokens)
           const visible = r.tokens.filter((id, i) => !(i === r.tokens.length - 1 && eos.has(id)))
           return ChatReply.chatMessage(
             tokenizer.decode(visible),
             toolsOn,
             toolChoice.kind === "named" ? toolChoice.name : undefined,
-            parallel
+            parallel,
+            // unique per response, as OpenAI's and vLLM's are: agent SDKs match results to calls by id
+            (k) => `call_${created}${nonce}_${index}_${k}`
           )
         })
         server.gateway?.observe({

@@ -67,21 +67,22 @@ export const parallelOf = (body: RequestBody.Json) => {
 
 /**
  * The assistant message of a chat completion: tool calls read out of the text when the request offered tools (only
- * calls to `only` when given; the first one alone unless `parallel`).
+ * calls to `only` when given; the first one alone unless `parallel`), call `k` named `callId(k, the parser's id)`.
  */
 export const chatMessage = (
   text: string,
   toolsOffered: boolean,
   only?: string,
-  parallel = true
+  parallel = true,
+  callId: (k: number, parsed: string) => string = (_, parsed) => parsed
 ): { readonly message: RequestBody.Json; readonly finishReason: "tool_calls" | undefined } => {
   if (!toolsOffered) return { message: { role: "assistant", content: text }, finishReason: undefined }
   const parsed = ToolCallParser.parse(text, "auto")
   const named = only === undefined ? parsed.calls : parsed.calls.filter((call) => call.name === only)
   const calls = parallel ? named : named.slice(0, 1)
   if (calls.length === 0) return { message: { role: "assistant", content: text }, finishReason: undefined }
-  const toolCalls: Array<ToolCallWire> = calls.map((call) => ({
-    id: call.id,
+  const toolCalls: Array<ToolCallWire> = calls.map((call, k) => ({
+    id: callId(k, call.id),
     type: "function",
     function: { name: call.name, arguments: ToolCallParser.pythonJson(call.arguments) }
   }))

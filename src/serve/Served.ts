@@ -31,8 +31,8 @@ export interface Served {
   readonly adapters?: AdapterRegistry
   /**
    * A gateway's settings (generator/AgentGateway.ts), absent for `serve`: any `model` name is the base, each chat turn's
-   * fields are rewritten before they are read (the run's sampling), `max_tokens` is cut to the room the prompt leaves
-   * instead of refused, and each turn answered is observed.
+   * fields and conversation are rewritten before they are read (the run's sampling), `max_tokens` is cut to the room
+   * the prompt leaves instead of refused, and each turn answered is observed.
    */
   readonly gateway?: Gateway
 }
@@ -49,6 +49,8 @@ export interface ServedTurn {
 
 export interface Gateway {
   readonly rewrite: (body: RequestBody.Json) => RequestBody.Json
+  /** The conversation as the gateway wants it rendered. */
+  readonly messages: (messages: ReadonlyArray<Message>) => ReadonlyArray<Message>
   readonly observe: (turn: ServedTurn) => void
 }
 
