@@ -33,7 +33,7 @@ import type * as Rewards from "../env/Rewards.ts"
 import * as ToolCallParser from "../env/ToolCallParser.ts"
 import * as Prng from "../model/Prng.ts"
 import * as Records from "../toolbox/Records.ts"
-import * as Toolbox from "../toolbox/Toolbox.ts"
+import * as Tools from "../toolbox/Tools.ts"
 
 export const families = [
   "arith_chain",
@@ -125,7 +125,7 @@ const str = (args: Readonly<Record<string, unknown>>, key: string): string => {
  */
 export const execute = (call: ToolCallParser.Call): string => {
   const a = call.arguments
-  const n = Toolbox.formatNumber
+  const n = Tools.formatNumber
   switch (call.name) {
     case "add":
       return n(num(a, "a") + num(a, "b"))
@@ -134,21 +134,21 @@ export const execute = (call: ToolCallParser.Call): string => {
     case "multiply":
       return n(num(a, "a") * num(a, "b"))
     case "divide":
-      return n(Toolbox.divide(num(a, "a"), num(a, "b")))
+      return n(Tools.divide(num(a, "a"), num(a, "b")))
     case "convert_units":
-      return n(Toolbox.convertUnits(num(a, "value"), str(a, "from"), str(a, "to")))
+      return n(Tools.convertUnits(num(a, "value"), str(a, "from"), str(a, "to")))
     case "date_add":
-      return Toolbox.dateAdd(str(a, "date"), num(a, "days"))
+      return Tools.dateAdd(str(a, "date"), num(a, "days"))
     case "date_diff":
-      return n(Toolbox.dateDiff(str(a, "start"), str(a, "end")))
+      return n(Tools.dateDiff(str(a, "start"), str(a, "end")))
     case "day_of_week":
-      return Toolbox.dayOfWeek(str(a, "date"))
+      return Tools.dayOfWeek(str(a, "date"))
     case "find_customer":
-      return Toolbox.findCustomer(str(a, "name"))
+      return Tools.findCustomer(str(a, "name"))
     case "get_orders":
-      return Toolbox.getOrders(str(a, "customer_id"))
+      return Tools.getOrders(str(a, "customer_id"))
     case "get_order":
-      return Toolbox.getOrder(str(a, "order_id"))
+      return Tools.getOrder(str(a, "order_id"))
     default:
       throw new Error(`ToolboxTasks.execute: unknown tool ${call.name}`)
   }
@@ -268,7 +268,7 @@ const dateWeekday = (d: Draw, k: Knobs): Task => {
 const dateSpan = (d: Draw, k: Knobs): Task => {
   const p = planner()
   const start = randomDate(d)
-  const end = Toolbox.dateAdd(start, d.int(1, 2 * k.maxOperand))
+  const end = Tools.dateAdd(start, d.int(1, 2 * k.maxOperand))
   const unit = d.pick([
     ["h", "Hours"],
     ["min", "Minutes"]

@@ -11,6 +11,8 @@
  *   vLLM keeps them); `required` and `{"type": "function", "function": {"name"}}` constrain decoding to calls (to
  *   any of `tools`, or to the named function: serve/ToolCallGrammar.ts) and read them (only the named function's).
  *   A named function not in `tools`, or `tool_choice` other than `none` without `tools`, are vLLM's 400s.
+ * - Call ids are unique per response (ChatCompletions.ts names them), as OpenAI's and vLLM's are: agent SDKs match
+ *   tool results to calls by id and refuse one used twice.
  * - `parallel_tool_calls: false` keeps a reply's first call only (vLLM's `maybe_filter_parallel_tool_calls`), and
  *   under `required` / a named function decoding stops after one call.
  * - Streamed with tools offered, the text from where a call's marker (`<tool_call>`, `<tool>`, a line starting
