@@ -36,7 +36,9 @@ interface Trajectory {
   readonly reward: number
   readonly error?: string
   readonly steps?: unknown
-  readonly turns: ReadonlyArray<{ readonly toolCalls: ReadonlyArray<{ readonly tool: string; readonly isError: boolean }> }>
+  readonly turns: ReadonlyArray<{
+    readonly toolCalls: ReadonlyArray<{ readonly tool: string; readonly isError: boolean }>
+  }>
 }
 
 describe.skipIf(!installed)("train an AI SDK agent through generator.agent (configs/agent-ai-sdk.yaml)", () => {
@@ -53,7 +55,8 @@ describe.skipIf(!installed)("train an AI SDK agent through generator.agent (conf
         "trainer.eval_before_train=false",
         "data.val=[]",
         "generator.n_samples_per_prompt=4",
-        "generator.sampling.temperature=1"
+        "generator.sampling.temperature=1",
+        "pipeline.max_staleness_steps=0" // on-policy: the recorded log-probs are the trainer's to float precision
       ])
       assert.strictEqual(result.code, 0, result.stderr.slice(-3000))
       const metrics = readJsonl(join(dir, "metrics.jsonl")).filter((m) => m["event"] === "train")
@@ -90,6 +93,36 @@ describe.skipIf(!installed)("train an AI SDK agent through generator.agent (conf
         readJsonl(join(dir, "replayed", "metrics.jsonl")).filter((m) => m["event"] === "train").length,
         3
       )
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  }, 600_000)
+
+  it("trains in the sync pipeline too, and resumes", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "effect-rl-agent-sync-"))
+    const common = [
+      "--config",
+      "configs/agent-ai-sdk.yaml",
+      "--run-dir",
+      dir,
+      "pipeline.mode=sync",
+      "trainer.eval_before_train=false",
+      "data.val=[]",
+      "generator.n_samples_per_prompt=4",
+      "trainer.train_batch_size=2",
+      "trainer.policy_mini_batch_size=2",
+      "checkpoint.interval=1"
+    ]
+    try {
+      const first = await Cli.runAsync(["train", ...common, "trainer.max_steps=1"])
+      assert.strictEqual(first.code, 0, first.stderr.slice(-3000))
+      const resumed = await Cli.runAsync(["train", ...common, "trainer.max_steps=2", "--resume", "latest"])
+      assert.strictEqual(resumed.code, 0, resumed.stderr.slice(-3000))
+      const steps = readJsonl(join(dir, "metrics.jsonl"))
+        .filter((m) => m["event"] === "train")
+        .map((m) => m["step"])
+      assert.deepStrictEqual(steps, [1, 2])
+      assert.deepStrictEqual(running("ai-sdk-agent.mjs"), [])
     } finally {
       rmSync(dir, { recursive: true, force: true })
     }
