@@ -22,12 +22,12 @@ import * as RemoteEngine from "../../src/inference/RemoteEngine.ts"
 import * as Serve from "../../src/layers/Serve.ts"
 import * as McpClient from "../../src/mcp/McpClient.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
-import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as ChatTemplate from "../../src/tokenizer/ChatTemplate.ts"
 import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
 import * as Servers from "../env/McpServers.ts"
+import * as Retrace from "../fixtures/Retrace.ts"
 
 const policyDir = path.resolve(import.meta.dirname, "../../data/quickstart/policy")
 const valFile = path.resolve(import.meta.dirname, "../../data/toolbox/val.jsonl")
@@ -106,36 +106,12 @@ const services = (url: string, tokenizer: Tokenizer.TokenizerImpl) =>
     )
   )
 
-/** The rows a trajectory trains on: one, or one per turn when it is step-wise. */
-const trainingRows = (t: Trajectory) =>
-  t.steps === undefined
-    ? [{ prompt: t.promptIds, response: t.responseIds, mask: t.lossMask, logp: t.rolloutLogprobs }]
-    : t.steps.map((s) => ({
-        prompt: s.promptIds,
-        response: s.responseIds,
-        mask: s.responseIds.map(() => 1),
-        logp: s.rolloutLogprobs
-      }))
-
 /** Largest |behaviour − recomputed| log-prob over every trained token of `ts`, recomputed under `dir`'s weights. */
 const maxLogprobError = (dir: string, ts: ReadonlyArray<Trajectory>) =>
   Effect.promise(async () => {
     const { model } = await Checkpoint.load(dir)
     try {
-      let worst = 0
-      let tokens = 0
-      for (const t of ts) {
-        for (const row of trainingRows(t)) {
-          const ids = [...row.prompt, ...row.response]
-          const lp = await LogProbs.ofIds(model, ids) // lp[i − 1] = log p(ids[i] | ids[<i])
-          for (let j = 0; j < row.response.length; j++) {
-            if (row.mask[j] !== 1) continue
-            worst = Math.max(worst, Math.abs(lp[row.prompt.length + j - 1]! - row.logp[j]!))
-            tokens++
-          }
-        }
-      }
-      return { worst, tokens }
+      return await Retrace.worstLogprobError(model, ts)
     } finally {
       Transformer.dispose(model)
     }

@@ -22,11 +22,11 @@ import * as Generator from "../../src/generator/Generator.ts"
 import { InferenceEngine } from "../../src/inference/InferenceEngine.ts"
 import * as LocalEngine from "../../src/inference/LocalEngine.ts"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
-import * as LogProbs from "../../src/model/LogProbs.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as ToolPrompts from "../../src/serve/ToolPrompts.ts"
 import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
 import * as Tokenizer from "../../src/tokenizer/Tokenizer.ts"
+import * as Retrace from "../fixtures/Retrace.ts"
 
 const policyDir = path.resolve(import.meta.dirname, "../../data/quickstart/policy")
 const valFile = path.resolve(import.meta.dirname, "../../data/toolbox/val.jsonl")
@@ -87,32 +87,8 @@ const groupsOf = (prompts: ReadonlyArray<PromptRow>, o: Generator.GeneratorOptio
     return { groups, model }
   })
 
-/** Largest |behaviour − recomputed| log-prob over every trained token, and how many were checked. */
 const retrace = (model: Transformer.Transformer, ts: ReadonlyArray<Trajectory>) =>
-  Effect.promise(async () => {
-    let worst = 0
-    let tokens = 0
-    for (const t of ts) {
-      const rows =
-        t.steps === undefined
-          ? [{ prompt: t.promptIds, response: t.responseIds, mask: t.lossMask, logp: t.rolloutLogprobs }]
-          : t.steps.map((s) => ({
-              prompt: s.promptIds,
-              response: s.responseIds,
-              mask: s.responseIds.map(() => 1),
-              logp: s.rolloutLogprobs
-            }))
-      for (const row of rows) {
-        const lp = await LogProbs.ofIds(model, [...row.prompt, ...row.response])
-        for (let j = 0; j < row.response.length; j++) {
-          if (row.mask[j] !== 1) continue
-          worst = Math.max(worst, Math.abs(lp[row.prompt.length + j - 1]! - row.logp[j]!))
-          tokens++
-        }
-      }
-    }
-    return { worst, tokens }
-  })
+  Effect.promise(() => Retrace.worstLogprobError(model, ts))
 
 /** Whether process `pid` runs (a zombie, killed and waiting to be reaped, does not). */
 const alive = async (pid: number) => {

@@ -5,21 +5,12 @@
  * for the same conversation and seed, so the translation of items and blocks into messages is held against the chat
  * route's, and a streamed answer puts together to the whole one.
  */
-import * as fs from "node:fs/promises"
-import * as path from "node:path"
 import Anthropic from "@anthropic-ai/sdk"
-import { NodeServices } from "@effect/platform-node"
 import { Effect, Exit, Scope } from "effect"
 import OpenAI from "openai"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as JsonSchemaCheck from "../../src/data/JsonSchemaCheck.ts"
 import * as ToolCallParser from "../../src/env/ToolCallParser.ts"
-import * as Serve from "../../src/layers/Serve.ts"
-import * as Checkpoint from "../../src/model/Checkpoint.ts"
-import * as Transformer from "../../src/model/Transformer.ts"
-import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
-import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as LoraServe from "../fixtures/LoraServe.ts"
 
 const model = "random"
@@ -40,22 +31,7 @@ let anthropic: Anthropic
 
 beforeAll(async () => {
   scope = await Effect.runPromise(Scope.make())
-  const url = await Effect.runPromise(
-    Effect.gen(function* () {
-      yield* TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })
-      // a run directory whose policy saw no tool prompt (short prompts) and writes hermes calls
-      const run = yield* LoraServe.tempDir("serve-agent-apis-")
-      const step = path.join(run, "checkpoints", "step-1")
-      const random = Transformer.init(LoraServe.config, 5, 0.3)
-      yield* Effect.promise(() => Checkpoint.save(random, step))
-      Transformer.dispose(random)
-      yield* AutoTokenizer.save(ByteTokenizer.make(), step)
-      yield* Effect.promise(() =>
-        fs.writeFile(path.join(run, "config.yaml"), "environment:\n  tool_prompt: none\n  tool_call_format: hermes\n")
-      )
-      return yield* Serve.start({ model: step, host: "127.0.0.1", port: 0, token: undefined, modelName: model })
-    }).pipe(Effect.provide(NodeServices.layer), Scope.provide(scope), Effect.orDie)
-  )
+  const url = await Effect.runPromise(LoraServe.randomRun("serve-agent-apis-", model).pipe(Scope.provide(scope)))
   openai = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0 })
   anthropic = new Anthropic({ baseURL: url, apiKey: "unused", maxRetries: 0 })
 }, 120_000)

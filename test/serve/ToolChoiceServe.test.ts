@@ -6,20 +6,11 @@
  * exactly one. `auto` samples as before (the same tokens as a plain completion of the same prompt and seed); a
  * `max_tokens` too short for a call is a `length` stop; schemas that cannot be enforced are 400s.
  */
-import * as fs from "node:fs/promises"
-import * as path from "node:path"
-import { NodeServices } from "@effect/platform-node"
 import { Effect, Exit, Scope } from "effect"
 import OpenAI from "openai"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
-import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as JsonSchemaCheck from "../../src/data/JsonSchemaCheck.ts"
-import * as Serve from "../../src/layers/Serve.ts"
-import * as Checkpoint from "../../src/model/Checkpoint.ts"
-import * as Transformer from "../../src/model/Transformer.ts"
 import * as ChatReply from "../../src/serve/ChatReply.ts"
-import * as AutoTokenizer from "../../src/tokenizer/AutoTokenizer.ts"
-import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as LoraServe from "../fixtures/LoraServe.ts"
 
 const model = "random"
@@ -71,31 +62,8 @@ let client: OpenAI
 
 beforeAll(async () => {
   scope = await Effect.runPromise(Scope.make())
-  const url = await Effect.runPromise(
-    Effect.gen(function* () {
-      // wasm: a tenth of the cpu backend's time per decode step for this model
-      yield* TensorBackend.initialise({ name: "wasm", threads: 0, kernels: "stock" })
-      // a run directory whose policy saw no tool prompt (short prompts) and writes hermes calls
-      const run = yield* LoraServe.tempDir("serve-tool-choice-")
-      const step = path.join(run, "checkpoints", "step-1")
-      const random = Transformer.init(LoraServe.config, 5, 0.3)
-      yield* Effect.promise(() => Checkpoint.save(random, step))
-      Transformer.dispose(random)
-      yield* AutoTokenizer.save(ByteTokenizer.make(), step)
-      yield* Effect.promise(() =>
-        fs.writeFile(path.join(run, "config.yaml"), "environment:\n  tool_prompt: none\n  tool_call_format: hermes\n")
-      )
-      // all 100 requests of a test in one batch: a decode step's cost is mostly per step, not per row
-      return yield* Serve.start({
-        model: step,
-        host: "127.0.0.1",
-        port: 0,
-        token: undefined,
-        modelName: model,
-        maxBatch: 100
-      })
-    }).pipe(Effect.provide(NodeServices.layer), Scope.provide(scope), Effect.orDie)
-  )
+  // all 100 requests of a test in one batch: a decode step's cost is mostly per step, not per row
+  const url = await Effect.runPromise(LoraServe.randomRun("serve-tool-choice-", model, 100).pipe(Scope.provide(scope)))
   client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0 })
 }, 120_000)
 
