@@ -33,6 +33,7 @@ import * as GroupJudge from "../env/GroupJudge.ts"
 import type * as MetricKeys from "../metrics/MetricKeys.ts"
 import { Metrics } from "../metrics/Metrics.ts"
 import * as Report from "../metrics/Report.ts"
+import * as Transformer from "../model/Transformer.ts"
 import { Checkpointer } from "../store/Checkpointer.ts"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import { PolicyModel } from "../trainer/PolicyModel.ts"
@@ -227,6 +228,9 @@ export const run = <R1, R2>(
     const started = yield* Clock.currentTimeMillis
 
     const start = yield* resume(options, trainer, checkpointer)
+    // a checkpoint holds each trained parameter and its two Adam moments, 4 bytes each
+    const trainable = Transformer.trainableVariables(model).reduce((n, v) => n + v.size, 0)
+    yield* checkpointer.checkSpace(12 * trainable)
     const source = yield* makeSource(start)
     const loop: Loop<R1> = {
       options,
@@ -432,7 +436,8 @@ const evalAndCheckpoint = <R>(loop: Loop<R>, t: Trained) =>
 const save = <R>(loop: Loop<R>, step: number, state: TrainerState, failed?: ReadonlyArray<TrajectoryGroup>) =>
   Effect.gen(function* () {
     const part = yield* loop.source.checkpoint(step, failed)
-    const saved = yield* loop.checkpointer.save(step, loop.model, state, part.data, part.files).pipe(Effect.orDie)
+    // a failed checkpoint (a full disk) stops the run with its one-line reason; the one before stays `latest`
+    const saved = yield* loop.checkpointer.save(step, loop.model, state, part.data, part.files)
     yield* Effect.logInfo(`checkpoint ${saved.dir}${part.inflight > 0 ? ` (${part.inflight} in-flight groups)` : ""}`)
     return saved.dir
   })

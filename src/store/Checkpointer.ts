@@ -10,7 +10,10 @@
  * The `latest` file (the directory name) is written last, by rename, so a crash mid-save leaves the previous
  * checkpoint as `latest`; the step directory's rename and `latest.tmp` are fsync'd before `latest` is replaced, and
  * the directory after, so a power loss cannot leave `latest` empty or naming a step that is not there. Only the
- * newest `keep_n` step directories are kept.
+ * newest `keep_n` step directories are kept, and the oldest go before a new one is written (never the one `latest`
+ * names), so keep_n checkpoints need the room of keep_n. A save that fails (a full disk: ENOSPC, EDQUOT, said in one
+ * line) removes what it wrote; `latest` still names the checkpoint before. `checkSpace` warns when the room left is
+ * below two checkpoints.
  *
  * A step directory is complete when it exists under its final name (`step-N`): it is written as `step-N.tmp` and
  * renamed into place. So `--resume latest` with `latest` missing, empty or unreadable resumes from the newest
@@ -65,15 +68,56 @@ export class Checkpointer extends Context.Service<
     readonly resolve: (which: string) => Effect.Effect<string | undefined, CheckpointError>
     /** Read the trainer and data state of a checkpoint directory (the weights load via `model.path`). */
     readonly read: (dir: string) => Effect.Effect<Restored, CheckpointError>
+    /** Warn when the free space under `root` is below what two checkpoints of `bytes` each need. */
+    readonly checkSpace: (bytes: number) => Effect.Effect<void>
   }
 >()("rl/store/Checkpointer") {}
+
+/** ENOSPC (no space left on the device) or EDQUOT (over the disk quota). */
+export const isDiskFull = (cause: unknown): boolean => {
+  const code = (cause as { code?: unknown } | null)?.code
+  return code === "ENOSPC" || code === "EDQUOT"
+}
 
 const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
   Effect.tryPromise({
     try: f,
     catch: (cause) =>
-      new CheckpointError({ path: dir, message: `${what}: ${cause instanceof Error ? cause.message : String(cause)}` })
+      new CheckpointError({
+        path: dir,
+        message: isDiskFull(cause)
+          ? `no space left on the device writing ${what}: the checkpoint was not written and \`latest\` still names ` +
+            "the previous one; free space, then train --resume latest"
+          : `${what}: ${cause instanceof Error ? cause.message : String(cause)}`
+      })
   })
+
+/** What `latest` names, or undefined. */
+const latestName = (root: string): Promise<string | undefined> =>
+  fs.readFile(path.join(root, "latest"), "utf8").then(
+    (name) => name.trim(),
+    () => undefined
+  )
+
+/** Remove the oldest step directories past the newest `keep`, never the one `latest` names. */
+const prune = async (root: string, keep: number): Promise<void> => {
+  const latest = await latestName(root)
+  for (const old of (await stepDirs(root)).slice(keep)) {
+    if (old !== latest) await fs.rm(path.join(root, old), { recursive: true, force: true })
+  }
+}
+
+/** Free bytes for an unprivileged writer on the file system holding `dir` (or its nearest existing parent). */
+const freeBytes = async (dir: string): Promise<number | undefined> => {
+  for (let d = path.resolve(dir); ; d = path.dirname(d)) {
+    try {
+      const stats = await fs.statfs(d)
+      return stats.bavail * stats.bsize
+    } catch {
+      if (path.dirname(d) === d) return undefined
+    }
+  }
+}
 
 /** `trainer_state.json` as `save` writes it; replay entries are checked by the trainer that restores them. */
 const TrainerStateFile = Schema.Struct({
@@ -273,63 +317,84 @@ export const make = (options: Options) => {
     const name = `step-${step}`
     const dir = path.join(root, name)
     const tmp = `${dir}.tmp`
+    // room first: the oldest checkpoints past keep_n go before the new one is written (never the one `latest` names)
+    yield* attempt(root, "prune", () => prune(root, Math.max(1, options.keepN - 1)))
     yield* attempt(tmp, "clear", () => fs.rm(tmp, { recursive: true, force: true }))
-    yield* attempt(tmp, "weights", () => saveWeights(model, tmp, step, options))
-    const hf = options.tokenizer.hfFiles()
-    yield* attempt(tmp, "tokenizer", async () => {
-      await fs.writeFile(path.join(tmp, "tokenizer.json"), JSON.stringify(hf["tokenizer.json"]))
-      await fs.writeFile(
-        path.join(tmp, "tokenizer_config.json"),
-        `${JSON.stringify(hf["tokenizer_config.json"], null, 2)}\n`
+    return yield* write(step, name, dir, tmp, model, trainer, data, files).pipe(
+      // a half-written checkpoint gives back its space
+      Effect.tapError(() => Effect.promise(() => fs.rm(tmp, { recursive: true, force: true }).catch(() => undefined)))
+    )
+  })
+  const write = (
+    step: number,
+    name: string,
+    dir: string,
+    tmp: string,
+    model: Transformer.Transformer,
+    trainer: TrainerState,
+    data: Readonly<Record<string, unknown>>,
+    files: Readonly<Record<string, string>>
+  ) =>
+    Effect.gen(function* () {
+      yield* attempt(tmp, "weights", () => saveWeights(model, tmp, step, options))
+      const hf = options.tokenizer.hfFiles()
+      yield* attempt(tmp, "tokenizer", async () => {
+        await fs.writeFile(path.join(tmp, "tokenizer.json"), JSON.stringify(hf["tokenizer.json"]))
+        await fs.writeFile(
+          path.join(tmp, "tokenizer_config.json"),
+          `${JSON.stringify(hf["tokenizer_config.json"], null, 2)}\n`
+        )
+      })
+      const moments: Array<Safetensors.NamedTensor> = trainer.optimizer.names.flatMap((n, i) => [
+        { name: `m/${n}`, shape: [trainer.optimizer.m[i]!.length], data: trainer.optimizer.m[i]! },
+        { name: `v/${n}`, shape: [trainer.optimizer.v[i]!.length], data: trainer.optimizer.v[i]! }
+      ])
+      yield* attempt(tmp, "optimizer", () =>
+        fs.writeFile(path.join(tmp, "optimizer.safetensors"), Safetensors.encode(moments))
+      )
+      const state = {
+        step: trainer.step,
+        version: trainer.version,
+        optimizerStep: trainer.optimizer.step,
+        optimizerNames: trainer.optimizer.names,
+        klCoef: trainer.klCoef,
+        ...(trainer.replay === undefined ? {} : { replay: trainer.replay }),
+        data
+      }
+      yield* attempt(tmp, "trainer state", () =>
+        fs.writeFile(path.join(tmp, "trainer_state.json"), `${JSON.stringify(state, null, 2)}\n`)
+      )
+      for (const [file, text] of Object.entries(files)) {
+        yield* attempt(tmp, file, () => fs.writeFile(path.join(tmp, path.basename(file)), text))
+      }
+      yield* attempt(dir, "publish", async () => {
+        await fs.rm(dir, { recursive: true, force: true })
+        await fs.rename(tmp, dir)
+        await fsync(root) // the step directory is in place before `latest` may name it
+        const pointer = path.join(root, "latest.tmp")
+        const handle = await fs.open(pointer, "w")
+        try {
+          await handle.writeFile(name)
+          await handle.sync()
+        } finally {
+          await handle.close()
+        }
+        await fs.rename(pointer, path.join(root, "latest"))
+        await fsync(root)
+      })
+      yield* attempt(root, "prune", () => prune(root, options.keepN))
+      return { dir, step }
+    })
+  const checkSpace = (bytes: number) =>
+    Effect.gen(function* () {
+      const free = yield* Effect.promise(() => freeBytes(root))
+      if (free === undefined || free >= 2 * bytes) return
+      const mb = (n: number) => `${Math.round(n / 2 ** 20)} MB`
+      yield* Effect.logWarning(
+        `${mb(free)} free under ${root}, below two checkpoints (about ${mb(bytes)} each): a checkpoint that fills the ` +
+          "disk stops the run (resumable from the one before); free space or lower checkpoint.keep_n"
       )
     })
-    const moments: Array<Safetensors.NamedTensor> = trainer.optimizer.names.flatMap((n, i) => [
-      { name: `m/${n}`, shape: [trainer.optimizer.m[i]!.length], data: trainer.optimizer.m[i]! },
-      { name: `v/${n}`, shape: [trainer.optimizer.v[i]!.length], data: trainer.optimizer.v[i]! }
-    ])
-    yield* attempt(tmp, "optimizer", () =>
-      fs.writeFile(path.join(tmp, "optimizer.safetensors"), Safetensors.encode(moments))
-    )
-    const state = {
-      step: trainer.step,
-      version: trainer.version,
-      optimizerStep: trainer.optimizer.step,
-      optimizerNames: trainer.optimizer.names,
-      klCoef: trainer.klCoef,
-      ...(trainer.replay === undefined ? {} : { replay: trainer.replay }),
-      data
-    }
-    yield* attempt(tmp, "trainer state", () =>
-      fs.writeFile(path.join(tmp, "trainer_state.json"), `${JSON.stringify(state, null, 2)}\n`)
-    )
-    for (const [file, text] of Object.entries(files)) {
-      yield* attempt(tmp, file, () => fs.writeFile(path.join(tmp, path.basename(file)), text))
-    }
-    yield* attempt(dir, "publish", async () => {
-      await fs.rm(dir, { recursive: true, force: true })
-      await fs.rename(tmp, dir)
-      await fsync(root) // the step directory is in place before `latest` may name it
-      const pointer = path.join(root, "latest.tmp")
-      const handle = await fs.open(pointer, "w")
-      try {
-        await handle.writeFile(name)
-        await handle.sync()
-      } finally {
-        await handle.close()
-      }
-      await fs.rename(pointer, path.join(root, "latest"))
-      await fsync(root)
-    })
-    yield* attempt(root, "prune", async () => {
-      const steps = (await fs.readdir(root))
-        .filter((d) => /^step-\d+$/.test(d))
-        .sort((a, b) => Number(a.slice(5)) - Number(b.slice(5)))
-      for (const old of steps.slice(0, Math.max(0, steps.length - options.keepN))) {
-        await fs.rm(path.join(root, old), { recursive: true, force: true })
-      }
-    })
-    return { dir, step }
-  })
   const resolve = (which: string) => (which === "latest" ? resumeLatestIn(root) : Effect.succeed(which))
   const read = (dir: string) =>
     Effect.gen(function* () {
@@ -399,7 +464,7 @@ export const make = (options: Options) => {
       }
       return restored
     })
-  return Checkpointer.of({ root, save, resolve, read })
+  return Checkpointer.of({ root, save, resolve, read, checkSpace })
 }
 
 export const layer = (options: Options) => Layer.succeed(Checkpointer, make(options))
