@@ -212,7 +212,7 @@ export const prepare = (input: ChatInput, server: Served.Served, toolPrompt: Too
         })
       : yield* EngineRequests.constrained(body, tokenizer, unconstrained)
     const created = yield* Served.secondsNow
-    const nonce = (yield* Random.nextInt).toString(16)
+    const nonce = ((yield* Random.nextInt) >>> 0).toString(16)
     const id = `${idPrefix}-${created}-${nonce}`
     const eos = new Set(tokenizer.eosIds)
     const tokensAsIds = body["return_tokens_as_token_ids"] === true
