@@ -79,7 +79,6 @@ type Handler = (request: HttpServerRequest.HttpServerRequest) => Effect.Effect<H
 
 interface Live {
   readonly routes: Record<string, Handler>
-  readonly session: Session
   readonly refused: Array<Refused>
   readonly state: { calls: number }
   readonly maxCalls: number
@@ -215,7 +214,6 @@ export const make = Effect.fn("AgentGateway.make")(function* (
             "POST messages": Messages.handler(served, toolPrompt),
             "GET models": () => Models.list(served)
           },
-          session,
           refused,
           state,
           maxCalls: options.maxCalls

@@ -103,6 +103,20 @@ const append = <A>(target: Array<A>, source: ReadonlyArray<A>, limit = source.le
   return n
 }
 
+/** Whether a served prompt starts with the row so far (`promptIds` then `responseIds`): it extends the row. */
+export const extendsRow = (
+  served: ReadonlyArray<number>,
+  promptIds: ReadonlyArray<number>,
+  responseIds: ReadonlyArray<number>
+): boolean => {
+  const held = promptIds.length + responseIds.length
+  if (served.length < held) return false
+  for (let i = 0; i < held; i++) {
+    if (served[i] !== (i < promptIds.length ? promptIds[i] : responseIds[i - promptIds.length])) return false
+  }
+  return true
+}
+
 /** The trajectory under construction: what the phases below append to, turn by turn. */
 interface Rollout {
   readonly promptIds: Array<number>
@@ -364,11 +378,7 @@ const spliceServedPrompt = (ep: Episode, turn: number, chatResult: ChatResult) =
       append(promptIds, served)
     } else if (!rollout.rewritten) {
       const held = promptIds.length + responseIds.length
-      let extends_ = served.length >= held
-      for (let i = 0; extends_ && i < held; i++) {
-        extends_ = served[i] === (i < promptIds.length ? promptIds[i] : responseIds[i - promptIds.length])
-      }
-      if (extends_) {
+      if (extendsRow(served, promptIds, responseIds)) {
         // the observations (and the generation prompt) as the server's template rendered them
         for (let i = held; i < served.length; i++) {
           responseIds.push(served[i]!)

@@ -221,11 +221,7 @@ const rowsOf = (turns: ReadonlyArray<ServedTurn>) => {
     if (k > 0 && extending) {
       const held = promptIds.length + responseIds.length
       const served = turn.promptIds
-      extending =
-        served.length >= held &&
-        served.every(
-          (id, i) => i >= held || id === (i < promptIds.length ? promptIds[i] : responseIds[i - promptIds.length])
-        )
+      extending = AgentLoop.extendsRow(served, promptIds, responseIds)
       if (extending) {
         for (let i = held; i < served.length; i++) {
           responseIds.push(served[i]!)

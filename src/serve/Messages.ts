@@ -42,8 +42,6 @@ import * as Streaming from "./Streaming.ts"
 
 type Json = RequestBody.Json
 
-const isObject = (value: unknown): value is Json => typeof value === "object" && value !== null && !Array.isArray(value)
-
 /** Anthropic's error types by status (https://docs.anthropic.com/en/api/errors). */
 const errorTypes: Record<number, string> = {
   400: "invalid_request_error",
@@ -64,7 +62,7 @@ export const errorBody = (e: Refusal.BadRequest) => ({
 /** Text blocks' text (a string as it is). */
 const textOf = (content: unknown, where: string) => {
   if (typeof content === "string") return Effect.succeed(content)
-  if (Array.isArray(content) && content.every((b) => isObject(b) && b["type"] === "text")) {
+  if (Array.isArray(content) && content.every((b) => RequestBody.isJson(b) && b["type"] === "text")) {
     return Effect.succeed(content.map((b) => String((b as Json)["text"] ?? "")).join(""))
   }
   return Refusal.fail(`${where} must be a string or a list of text blocks`, 400, "messages")
@@ -87,11 +85,11 @@ const turnMessages = (
     const calls: Array<ToolCallWire> = []
     for (const [j, block] of content.entries()) {
       const at = `${where}.content[${j}]`
-      const type = isObject(block) ? block["type"] : undefined
+      const type = RequestBody.isJson(block) ? block["type"] : undefined
       if (type === "text" && typeof (block as Json)["text"] === "string") texts.push((block as Json)["text"] as string)
       else if (type === "tool_use" && role === "assistant") {
         const { id, name, input } = block as Json
-        if (typeof id !== "string" || typeof name !== "string" || !isObject(input)) {
+        if (typeof id !== "string" || typeof name !== "string" || !RequestBody.isJson(input)) {
           return yield* Refusal.fail(`${at}: a tool_use block needs id, name and an input object`, 400, "messages")
         }
         names.set(id, name)
@@ -133,7 +131,7 @@ const messagesOf = (body: Json) =>
     }
     const names = new Map<string, string>()
     for (const [i, m] of messages.entries()) {
-      const role = isObject(m) ? m["role"] : undefined
+      const role = RequestBody.isJson(m) ? m["role"] : undefined
       if (role !== "user" && role !== "assistant" && role !== "system") {
         return yield* Refusal.fail(`messages[${i}].role must be user or assistant`, 400, "messages")
       }
@@ -150,7 +148,7 @@ const toolsOf = (tools: unknown) =>
     const out: Array<ToolDefinition> = []
     for (const [i, tool] of tools.entries()) {
       const custom =
-        isObject(tool) && (tool["type"] === undefined || tool["type"] === null || tool["type"] === "custom")
+        RequestBody.isJson(tool) && (tool["type"] === undefined || tool["type"] === null || tool["type"] === "custom")
       if (!custom || typeof tool["name"] !== "string") {
         return yield* Refusal.fail(
           `tools.${i}: only custom tools with a name are served (no server tools)`,
@@ -174,7 +172,7 @@ const toolsOf = (tools: unknown) =>
 /** `tool_choice` as the chat route's `tool_choice` and `parallel_tool_calls`. */
 const toolChoiceOf = (choice: unknown) => {
   if (choice === undefined || choice === null) return Effect.succeed({})
-  if (!isObject(choice)) return Refusal.fail(`tool_choice must be an object with a type`, 400, "tool_choice")
+  if (!RequestBody.isJson(choice)) return Refusal.fail(`tool_choice must be an object with a type`, 400, "tool_choice")
   const parallel = choice["disable_parallel_tool_use"] === true ? { parallel_tool_calls: false } : {}
   switch (choice["type"]) {
     case "auto":

@@ -13,6 +13,10 @@ import * as Refusal from "./Refusal.ts"
 
 export type Json = Record<string, unknown>
 
+/** A JSON object (not null, not an array). */
+export const isJson = (value: unknown): value is Json =>
+  typeof value === "object" && value !== null && !Array.isArray(value)
+
 export const optionalNumber = (body: Json, key: string, check: (n: number) => boolean, expected: string) => {
   const value = body[key]
   if (value === undefined || value === null) return Effect.succeed(undefined)
@@ -61,7 +65,5 @@ export const readJsonBody = (request: HttpServerRequest.HttpServerRequest, maxBy
       catch: (cause) =>
         new Refusal.BadRequest(`the body is not valid JSON: ${cause instanceof Error ? cause.message : ""}`)
     })
-    return typeof body === "object" && body !== null && !Array.isArray(body)
-      ? (body as Json)
-      : yield* Refusal.fail("the body must be a JSON object")
+    return isJson(body) ? body : yield* Refusal.fail("the body must be a JSON object")
   })

@@ -64,16 +64,14 @@ export class Conversations {
   }
 }
 
-const isObject = (value: unknown): value is Json => typeof value === "object" && value !== null && !Array.isArray(value)
-
 /** A message's or a tool output's content: a string or text parts (`input_text`, `output_text`). */
 const textOf = (content: unknown, where: string) => {
   if (typeof content === "string") return Effect.succeed(content)
   if (Array.isArray(content)) {
     const texts: Array<string> = []
     for (const part of content) {
-      if (!isObject(part) || typeof part["text"] !== "string") {
-        const kind = isObject(part) ? String(part["type"]) : typeof part
+      if (!RequestBody.isJson(part) || typeof part["text"] !== "string") {
+        const kind = RequestBody.isJson(part) ? String(part["type"]) : typeof part
         return Refusal.fail(`${where}: only text parts are served (input_text, output_text), got ${kind}`, 400, "input")
       }
       texts.push(part["text"])
@@ -101,7 +99,7 @@ const inputMessages = (input: unknown) =>
     const names = new Map<string, string>()
     for (const [i, item] of input.entries()) {
       const where = `input[${i}]`
-      if (!isObject(item)) return yield* Refusal.fail(`${where} must be an object`, 400, "input")
+      if (!RequestBody.isJson(item)) return yield* Refusal.fail(`${where} must be an object`, 400, "input")
       const type = item["type"] ?? (item["role"] === undefined ? undefined : "message")
       if (type === "message") {
         const role = roles[String(item["role"])]
@@ -151,8 +149,8 @@ const toolsOf = (tools: unknown) =>
     if (!Array.isArray(tools)) return yield* Refusal.fail(`"tools" must be a list`, 400, "tools")
     const out: Array<ToolDefinition> = []
     for (const [i, tool] of tools.entries()) {
-      if (!isObject(tool) || tool["type"] !== "function" || typeof tool["name"] !== "string") {
-        const kind = isObject(tool) ? String(tool["type"]) : typeof tool
+      if (!RequestBody.isJson(tool) || tool["type"] !== "function" || typeof tool["name"] !== "string") {
+        const kind = RequestBody.isJson(tool) ? String(tool["type"]) : typeof tool
         return yield* Refusal.fail(`tools[${i}]: only function tools with a name are served, got ${kind}`, 400, "tools")
       }
       const { name, description, parameters } = tool
@@ -171,7 +169,7 @@ const toolsOf = (tools: unknown) =>
 /** `tool_choice` in the chat route's shape. */
 const toolChoiceOf = (choice: unknown) => {
   if (choice === undefined || choice === null || typeof choice === "string") return Effect.succeed(choice)
-  if (isObject(choice) && choice["type"] === "function" && typeof choice["name"] === "string") {
+  if (RequestBody.isJson(choice) && choice["type"] === "function" && typeof choice["name"] === "string") {
     return Effect.succeed({ type: "function", function: { name: choice["name"] } })
   }
   return Refusal.fail(
@@ -183,12 +181,12 @@ const toolChoiceOf = (choice: unknown) => {
 
 /** `text.format` as the chat route's `response_format`. */
 const formatOf = (text: unknown) => {
-  const format = isObject(text) ? text["format"] : undefined
+  const format = RequestBody.isJson(text) ? text["format"] : undefined
   if (format === undefined || format === null) return Effect.succeed(undefined)
-  if (isObject(format) && (format["type"] === "text" || format["type"] === "json_object")) {
+  if (RequestBody.isJson(format) && (format["type"] === "text" || format["type"] === "json_object")) {
     return Effect.succeed({ type: format["type"] })
   }
-  if (isObject(format) && format["type"] === "json_schema") {
+  if (RequestBody.isJson(format) && format["type"] === "json_schema") {
     const { name, schema, strict } = format
     return Effect.succeed({
       type: "json_schema",
@@ -287,7 +285,7 @@ const responseOf = (
     reasoning: { effort: null, summary: null },
     store: body["store"] !== false,
     temperature: body["temperature"] ?? 1,
-    text: { format: (isObject(body["text"]) ? body["text"]["format"] : undefined) ?? { type: "text" } },
+    text: { format: (RequestBody.isJson(body["text"]) ? body["text"]["format"] : undefined) ?? { type: "text" } },
     tool_choice: body["tool_choice"] ?? "auto",
     tools: body["tools"] ?? [],
     top_p: body["top_p"] ?? 1,

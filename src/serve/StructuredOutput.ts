@@ -23,6 +23,7 @@
 import type * as Sampling from "../model/Sampling.ts"
 import type { TokenizerImpl } from "../tokenizer/Tokenizer.ts"
 import * as JsonGrammar from "./JsonGrammar.ts"
+import * as RequestBody from "./RequestBody.ts"
 
 /** A request's format that cannot be served: `param` names the request field, the message the schema keyword. */
 export class FormatError extends Error {
@@ -33,9 +34,7 @@ export class FormatError extends Error {
   }
 }
 
-type Json = Record<string, unknown>
-
-const isObject = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v)
+type Json = RequestBody.Json
 
 /** A schema given as an object or as its JSON text (vLLM accepts both). */
 const schemaOf = (value: unknown, param: string): JsonGrammar.Grammar => {
@@ -69,13 +68,15 @@ export const grammarOf = (body: Json): JsonGrammar.Grammar | undefined => {
   )
   // `response_format: {"type": "text"}` asks for nothing
   const format = body["response_format"]
-  const given = asked.filter((k) => !(k === "response_format" && isObject(format) && format["type"] === "text"))
+  const given = asked.filter(
+    (k) => !(k === "response_format" && RequestBody.isJson(format) && format["type"] === "text")
+  )
   if (given.length > 1) {
     throw new FormatError(`only one of ${given.join(", ")} may be given`, given[1]!)
   }
   const key = given[0]
   if (key === undefined) {
-    if (format !== undefined && format !== null && !isObject(format)) {
+    if (format !== undefined && format !== null && !RequestBody.isJson(format)) {
       throw new FormatError(`"response_format" must be an object`, "response_format")
     }
     return undefined
@@ -84,11 +85,11 @@ export const grammarOf = (body: Json): JsonGrammar.Grammar | undefined => {
   switch (key) {
     case "response_format": {
       const f = value as Json
-      if (!isObject(f)) throw new FormatError(`"response_format" must be an object`, key)
+      if (!RequestBody.isJson(f)) throw new FormatError(`"response_format" must be an object`, key)
       if (f["type"] === "json_object") return JsonGrammar.anyObject
       if (f["type"] === "json_schema") {
         const spec = f["json_schema"]
-        if (!isObject(spec) || spec["schema"] === undefined) {
+        if (!RequestBody.isJson(spec) || spec["schema"] === undefined) {
           throw new FormatError(`response_format.json_schema.schema is required`, key)
         }
         return schemaOf(spec["schema"], "response_format.json_schema.schema")
@@ -99,7 +100,7 @@ export const grammarOf = (body: Json): JsonGrammar.Grammar | undefined => {
       )
     }
     case "structured_outputs": {
-      if (!isObject(value)) throw new FormatError(`"structured_outputs" must be an object`, key)
+      if (!RequestBody.isJson(value)) throw new FormatError(`"structured_outputs" must be an object`, key)
       const kinds = Object.keys(value).filter((k) => value[k] !== undefined && value[k] !== null && value[k] !== false)
       const known = kinds.filter((k) => k !== "disable_any_whitespace" && k !== "disable_additional_properties")
       const unsupported = known.find((k) => k !== "json" && k !== "json_object" && k !== "choice")

@@ -92,18 +92,12 @@ const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
       })
   })
 
-/** What `latest` names, or undefined. */
-const latestName = (root: string): Promise<string | undefined> =>
-  fs.readFile(path.join(root, "latest"), "utf8").then(
-    (name) => name.trim(),
-    () => undefined
-  )
-
 /** Remove the oldest step directories past the newest `keep`, never the one `latest` names. */
 const prune = async (root: string, keep: number): Promise<void> => {
-  const latest = await latestName(root)
+  const latest = await pointedBy(path.join(root, "latest"))
   for (const old of (await stepDirs(root)).slice(keep)) {
-    if (old !== latest) await fs.rm(path.join(root, old), { recursive: true, force: true })
+    const dir = path.join(root, old)
+    if (dir !== latest) await fs.rm(dir, { recursive: true, force: true })
   }
 }
 
