@@ -4,7 +4,6 @@ import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Logger } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
 import * as RunDirectory from "../../src/store/RunDirectory.ts"
@@ -47,17 +46,7 @@ describe("train --resume latest (RunDirectory.resolveResume)", () => {
     yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
     const runDir = mkdtempSync(join(tmpdir(), "effect-rl-resume-"))
     const checkpointer = Checkpointer.make({ runDir, keepN: 3, tokenizer: ByteTokenizer.make() })
-    const model = Transformer.init(
-      ModelConfig.fromInit({
-        ...TinyPolicy.tinyInit,
-        architecture: "qwen3",
-        rope_theta: 10000,
-        rms_norm_eps: 1e-6,
-        max_position_embeddings: 64,
-        tie_word_embeddings: true
-      }),
-      3
-    )
+    const model = TinyPolicy.model(3)
     const optimizer = { step: 0, names: ["w"], m: [new Float32Array(2)], v: [new Float32Array(2)] }
     for (const step of [1, 2]) {
       yield* checkpointer.save(step, model, { step, version: step, optimizer, klCoef: 0 }, { cursor: step })

@@ -22,7 +22,6 @@ import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import { Effect, Exit, Logger } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
-import * as ModelConfig from "../../src/model/ModelConfig.ts"
 import * as Transformer from "../../src/model/Transformer.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
@@ -50,17 +49,7 @@ describe.skipIf(!canMount)("Checkpointer on a disk that fills (tmpfs)", () => {
     () =>
       Effect.gen(function* () {
         yield* TensorBackend.initialise({ name: "cpu", threads: 0, kernels: "stock" })
-        const model = Transformer.init(
-          ModelConfig.fromInit({
-            ...TinyPolicy.tinyInit,
-            architecture: "qwen3",
-            rope_theta: 10000,
-            rms_norm_eps: 1e-6,
-            max_position_embeddings: 64,
-            tie_word_embeddings: true
-          }),
-          3
-        )
+        const model = TinyPolicy.model(3)
         // Adam moments of 100 K parameters: about 800 KB per checkpoint
         const optimizer = { step: 0, names: ["w"], m: [new Float32Array(100_000)], v: [new Float32Array(100_000)] }
         const state = (step: number) => ({ step, version: step, optimizer, klCoef: 0 })
