@@ -10,7 +10,7 @@
  * Run: npx node bench/model-throughput.ts [--backend wasm|cpu] [--iters N] [--out FILE]
  */
 import * as os from "node:os"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import { InferenceEngine } from "../src/inference/InferenceEngine.ts"

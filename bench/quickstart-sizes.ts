@@ -8,7 +8,7 @@
  * Run: npx node bench/quickstart-sizes.ts [--kernels native|stock] [--iters N] [--out FILE]
  */
 import * as os from "node:os"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"

@@ -21,7 +21,7 @@
  *        [--iters N] [--min-iters N] [--warmup N] [--torch-device cpu|cuda] [--no-torch] [--out FILE]
  * (`--batch B` is `--seqs`; defaults: --iters 5, --warmup 2; on the perf model at least --min-iters 5 timed steps.)
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../src/tensor/Tf.ts"
 import * as NativeBackend from "../src/backend/NativeBackend.ts"
 import type * as Decoder from "../src/model/Decoder.ts"
 import * as LogProbs from "../src/model/LogProbs.ts"

@@ -9,7 +9,7 @@
  * Last stdout line: {"bench":"webgpu-parity","adapter",…,"maxAbsDiff":{logits,decode,logprobs,…},"leak":{…}}.
  * test/e2e/WebGpu.test.ts runs `compare` on lavapipe; on a GPU machine the same program runs on the GPU.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as TensorBackend from "../src/backend/TensorBackend.ts"
 import * as WebGpu from "../src/backend/WebGpu.ts"

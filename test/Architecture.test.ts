@@ -36,6 +36,7 @@ const order = [
   "native",
   "model",
   "algo",
+  "tensor",
   "toolbox",
   "config",
   "domain"

@@ -16,6 +16,10 @@ for e in train-step sample webgpu-parity; do "${esbuild[@]}" "bench/$e.ts" "${co
 "${esbuild[@]}" src/main.ts "${common[@]}" "--outfile=$stage/dist/main.mjs"
 "${esbuild[@]}" src/toolbox/server.ts "${common[@]}" "--outfile=$stage/dist/toolbox.mjs"
 mkdir -p "$stage/node_modules/webgpu/dist/linux-x64" "$stage/node_modules/uplot/dist"
+# tfjs-core's gradients and chained ops, bundled by `npm ci` (src/tensor/Tf.ts finds them beside tfjs-core's package.json)
+mkdir -p "$stage/node_modules/@tensorflow/tfjs-core" "$stage/node_modules/.cache/effect-rl"
+cp node_modules/@tensorflow/tfjs-core/package.json "$stage/node_modules/@tensorflow/tfjs-core/"
+cp node_modules/.cache/effect-rl/tfjs-core-*-registrations.cjs "$stage/node_modules/.cache/effect-rl/"
 cp node_modules/webgpu/index.js node_modules/webgpu/package.json "$stage/node_modules/webgpu/"
 cp node_modules/webgpu/dist/linux-x64/dawn.node "$stage/node_modules/webgpu/dist/linux-x64/"
 cp node_modules/uplot/package.json node_modules/uplot/LICENSE "$stage/node_modules/uplot/"

@@ -6,7 +6,7 @@
  * returned `value`, `grads` and `metrics` and frees them with {@link dispose} (or reads and frees metrics with
  * {@link read}, outside any tidy: it awaits the download; {@link readSync} where the backend reads synchronously).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 /** A scalar loss and named scalar diagnostics. */
 export interface LossWithMetrics<M extends Readonly<Record<string, tf.Scalar>>> {

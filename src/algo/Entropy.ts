@@ -8,7 +8,7 @@
  *
  * Legend: B sequences, T tokens, V vocabulary.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Reduction from "./Reduction.ts"
 
 /** H_t = logsumexp(z_t) − Σ_v softmax(z_t)_v z_{t,v}. logits: [B, T, V] → [B, T]. Differentiable. */

@@ -11,7 +11,7 @@
  * Masked positions are routed to 0 with a `where` (not just a multiply), so a NaN or ±∞ under a 0 mask
  * never leaks; kept positions are scaled by the (possibly soft) mask value, as in SkyRL.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { klEstimators } from "../config/TrainerConfig.ts"
 import * as Diagnostics from "./Diagnostics.ts"
 import * as Matrix from "./Matrix.ts"

@@ -6,7 +6,7 @@
  * The plain-array functions (`PolicyLoss.compute`, `Kl.estimate`, `Kl.applyKlPenalty`) are synchronous: their
  * inputs are small, and every backend but webgpu in Node reads a tensor back synchronously.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 /** Rows of numbers, `[B][T]`. */
 export type Rows = ReadonlyArray<ReadonlyArray<number>>

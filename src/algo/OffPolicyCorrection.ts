@@ -14,7 +14,7 @@
  *
  * Nothing here is differentiated: ρ depends only on π_old and π_rollout, which are data.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Reduction from "./Reduction.ts"
 
 /** SkyRL's `trainer.algorithm.off_policy_correction`, camelCased. Absent or null disables a part. */

@@ -26,7 +26,7 @@
  * 2. `clip_cov` and `kl_cov` (random/top-k token selection) and the SFT/Tinker losses (`cross_entropy`,
  *   `importance_sampling`) are not ported.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Diagnostics from "./Diagnostics.ts"
 import * as Matrix from "./Matrix.ts"
 import * as OffPolicyCorrection from "./OffPolicyCorrection.ts"

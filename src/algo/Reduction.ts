@@ -11,7 +11,7 @@
  *
  * Legend: B sequences, T response tokens. Masks hold 1 for tokens that count and 0 elsewhere.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 /** SkyRL's `loss_reduction` values. */
 export type LossReduction = "token_mean" | "sequence_mean" | "seq_mean_token_sum_norm"

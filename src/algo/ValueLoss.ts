@@ -10,7 +10,7 @@
  * Metrics: `valuesClipfrac` = share of tokens where the clipped error is the larger (clipped only), `valuesMean`
  * = masked mean of V (SkyRL's `values_clipfrac`, `values_mean`).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Reduction from "./Reduction.ts"
 
 /** The tensors the critic loss reads, all `[B, T]`. Only `values` carries gradient. */

@@ -10,7 +10,7 @@
  * returned for more than one input, and everything while higher-order gradients are being taped. The last node's
  * tensors, and anything not freed early, go as before when `gradients` ends. Backend-agnostic; idempotent.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 interface TapeNode {
   saved?: Array<tf.Tensor>

@@ -4,7 +4,7 @@
  * wasm (tfjs 4.22) has no `UnsortedSegmentSum`, which is the gradient of `tf.gather` (embedding lookups): without
  * it, backprop through an embedding throws "Kernel 'UnsortedSegmentSum' not registered for backend 'wasm'".
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 interface HeapBackend {
   readSync(dataId: object): ArrayLike<number>

@@ -8,7 +8,7 @@
  *
  * Needs the addon: without it `register` refuses (the reason says why), and `auto` moves on to wasm.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import { MathBackendCPU } from "@tensorflow/tfjs-backend-cpu"
 import * as NativeKernels from "../native/NativeKernels.ts"
 

@@ -10,13 +10,12 @@
 
 import { availableParallelism } from "node:os"
 import { isMainThread } from "node:worker_threads"
-import * as tf from "@tensorflow/tfjs"
-import { MathBackendCPU } from "@tensorflow/tfjs-backend-cpu"
 import { Context, Effect, Layer, Schema } from "effect"
 import type { BackendConfig, BackendName } from "../config/BackendConfig.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as ModelConfig from "../model/ModelConfig.ts"
 import * as NativeKernels from "../native/NativeKernels.ts"
+import * as tf from "../tensor/Tf.ts"
 import * as Backprop from "./Backprop.ts"
 import * as MissingKernels from "./MissingKernels.ts"
 import * as NativeBackend from "./NativeBackend.ts"
@@ -40,30 +39,6 @@ export interface BackendInfo {
 }
 
 export class TensorBackend extends Context.Service<TensorBackend, BackendInfo>()("rl/backend/TensorBackend") {}
-
-/**
- * tfjs's cpu backend greets its first tensor in Node with a banner advising `@tensorflow/tfjs-node` (console.warn).
- * effect-rl chooses backends itself (`auto` takes tfjs-node when it is installed), and a library prints nothing of
- * its own accord: at import, the cpu backend is registered again with the same factory and priority, its first-use
- * banner already spent. Only while no cpu backend instance exists (replacing one would dispose its tensors); every
- * other tfjs warning still shows, which `tf.enableProdMode()` would silence along with it.
- */
-const quietCpuBackend = (): void => {
-  const engine = tf.engine()
-  const registered = engine.registryFactory["cpu"]
-  if (registered === undefined || "cpu" in engine.registry) return
-  tf.removeBackend("cpu")
-  tf.registerBackend(
-    "cpu",
-    () => {
-      const backend = registered.factory()
-      if (backend instanceof MathBackendCPU) (backend as unknown as { firstUse: boolean }).firstUse = false
-      return backend
-    },
-    registered.priority
-  )
-}
-quietCpuBackend()
 
 const tfjsNameOf = (name: ResolvedBackend): string =>
   name === "tensorflow-gpu" || name === "tensorflow" ? "tensorflow" : name

@@ -29,7 +29,7 @@ import { execFile } from "node:child_process"
 import { readdirSync } from "node:fs"
 import { createRequire } from "node:module"
 import { pathToFileURL } from "node:url"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
 

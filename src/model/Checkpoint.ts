@@ -7,7 +7,7 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import type * as tf from "@tensorflow/tfjs"
+import type * as tf from "../tensor/Tf.ts"
 import * as ModelConfig from "./ModelConfig.ts"
 import * as Safetensors from "./Safetensors.ts"
 import * as Transformer from "./Transformer.ts"

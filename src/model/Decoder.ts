@@ -22,7 +22,7 @@
  * Legend: B batch, T new tokens, L cached + new tokens (keys), D hidden, H heads, Hkv KV heads, hd head dim, I MLP
  * width, V vocab.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Fused from "./Fused.ts"
 import * as Linear from "./Linear.ts"
 import type { RopeScaling, TransformerConfig } from "./ModelConfig.ts"

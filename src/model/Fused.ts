@@ -12,7 +12,7 @@
  * layout: appending a token is a copy of contiguous rows) and returns `[N, H·hd]`; query head h reads KV head
  * `h / (H / Hkv)` (HF `repeat_kv`).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 const has = (kernel: string): boolean => tf.getKernel(kernel, tf.getBackend()) !== undefined
 

@@ -8,7 +8,7 @@
  * frees the last one. The caller owns the `WeightView` it passes (rebuild it when the weights change: keys/values
  * already cached stay as the old weights computed them, which is what in-flight weight updates in vLLM do too).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Decoder from "./Decoder.ts"
 import * as Fused from "./Fused.ts"
 import type * as Transformer from "./Transformer.ts"

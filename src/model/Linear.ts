@@ -6,7 +6,7 @@
  * gradient) that transposes explicitly on stock kernels, so the backward matmuls are untransposed too (native matmuls
  * take the transposes as flags instead). Weights are held `[in, out]` (Transformer.ts), so the forward is `x @ W`.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Fused from "./Fused.ts"
 
 /** `x @ W` for 2-D x with untransposed matmuls in both directions (see the module header). */

@@ -19,7 +19,7 @@
  * than transposing it on every forward. The trunk's activations are the other large part: with `input.checkpoint` each
  * decoder layer keeps only its input and is recomputed in the backward pass (Recompute.ts).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Decoder from "./Decoder.ts"
 import * as Fused from "./Fused.ts"
 import type * as Transformer from "./Transformer.ts"

@@ -10,7 +10,7 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { AdapterWeights } from "../domain/WeightSnapshot.ts"
 import * as Checkpoint from "./Checkpoint.ts"
 import * as Prng from "./Prng.ts"

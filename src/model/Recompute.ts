@@ -13,7 +13,7 @@
  *    engine's active tape with its own and, when done, sets it to null, after which the outer `gradients` call throws
  *    (it walks the active tape to free its saved tensors). The recompute puts the outer tape back.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 
 interface EngineTape {
   readonly state: { activeTape: unknown }

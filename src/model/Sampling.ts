@@ -26,7 +26,7 @@
  * produced its logits.
  */
 
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Decoder from "./Decoder.ts"
 import * as KvCache from "./KvCache.ts"
 import * as Prng from "./Prng.ts"

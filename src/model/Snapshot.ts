@@ -3,7 +3,7 @@
  * engines in. Names and shapes are HF's (linear weights `[out, in]`), so a snapshot is also what a remote vLLM would
  * be sent. LoRA adapters are merged into the snapshot (W + s·B·A), so engines never need to know about them.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { PolicyVersion } from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import * as Lora from "./Lora.ts"

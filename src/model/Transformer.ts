@@ -12,7 +12,7 @@
  *
  * Legend: D hidden, V vocab.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { TransformerConfig } from "./ModelConfig.ts"
 import * as Prng from "./Prng.ts"
 

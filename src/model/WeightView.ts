@@ -11,7 +11,7 @@
  *
  * Legend: D hidden, H heads, Hkv KV heads, hd head dim, I MLP width, V vocab.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Transformer from "./Transformer.ts"
 
 /** One projection: `x @ W (+ b) (+ dropout(x) @ A @ B · scale)`. */

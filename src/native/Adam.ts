@@ -3,7 +3,7 @@
  * the kernel `EffectRlAdamUpdate`, registered by NativeKernels.register, and `NativeAdam`, tfjs' AdamOptimizer (same
  * state, weights and serialisation) that runs it when it is registered and tfjs' own update when not.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import { sizeOf } from "./Layout.ts"
 import { type OwnKernel, offsetOf } from "./WasmKernel.ts"
 

@@ -3,7 +3,7 @@
  * runs the same maths as tfjs compositions; there is no stock kernel to fall back to). Each turns its tensors' shapes
  * and attributes into one addon call; the maths is in native/fused.cc and native/attention.cc.
  */
-import type * as tf from "@tensorflow/tfjs"
+import type * as tf from "../tensor/Tf.ts"
 import { sizeOf } from "./Layout.ts"
 import { type OwnKernel, offsetOf, optionalOffset } from "./WasmKernel.ts"
 

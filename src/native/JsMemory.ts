@@ -8,7 +8,7 @@
  * that read bfloat16 (the matmul's weight operand) take it as it is (`bf16Offset`); any other kernel widens it to
  * float32 in place first, so a result is never computed from the bits as if they were floats.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type * as Abi from "./Abi.ts"
 import type { WasmBackend } from "./WasmKernel.ts"
 

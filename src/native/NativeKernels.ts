@@ -13,7 +13,7 @@
  * stock kernels (tests compare both in one process). When the addon is unavailable (Addon.ts says why), `register`
  * returns no kernels and warns once.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type * as Abi from "./Abi.ts"
 import * as Adam from "./Adam.ts"
 import * as Addon from "./Addon.ts"

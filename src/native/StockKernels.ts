@@ -4,7 +4,7 @@
  * undefined for anything else, which NativeKernels.register hands to the stock kernel it replaced: registering never
  * changes which programs run, only how fast.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type * as Abi from "./Abi.ts"
 import * as Layout from "./Layout.ts"
 import { type NativeKernel, offsetOf, type WasmBackend } from "./WasmKernel.ts"

@@ -5,7 +5,7 @@
  * its outputs. The `native` backend (tensors in JS memory, see JsMemory.ts) presents the same surface with a null
  * heap and absolute addresses as offsets.
  */
-import type * as tf from "@tensorflow/tfjs"
+import type * as tf from "../tensor/Tf.ts"
 import type * as Abi from "./Abi.ts"
 
 export interface WasmBackend {

@@ -6,7 +6,7 @@
  * Departure: SkyRL initialises the critic from a separate checkpoint when given; here it always starts as a copy of
  * the policy (its trunk) with a zero value head, which is SkyRL's default when no critic path is set.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import * as Diagnostics from "../algo/Diagnostics.ts"
 import * as ValueLoss from "../algo/ValueLoss.ts"
 import type { OptimizerConfig } from "../config/TrainerConfig.ts"

@@ -9,7 +9,7 @@
  * Weight decay skips 1-D parameters (norm gains, biases), as HF's trainer does. The optimizer owns its moment
  * tensors (style.md §17): `dispose` frees them; `state`/`restore` move them as plain arrays for checkpoints.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import type { OptimizerConfig } from "../config/TrainerConfig.ts"
 
 /** η_t: linear warmup to `lr`, then constant or cosine decay to `lr · min_lr_ratio` at `totalSteps`. */

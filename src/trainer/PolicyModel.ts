@@ -8,7 +8,7 @@
  * checkpoint being resumed). `model.lora.base_dtype: bfloat16` keeps the frozen projections as bfloat16 on the native
  * backend, narrowed as each loads.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import { Context, Effect, Layer } from "effect"
 import * as NativeBackend from "../backend/NativeBackend.ts"
 import * as TensorBackend from "../backend/TensorBackend.ts"

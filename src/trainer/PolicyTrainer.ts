@@ -28,7 +28,7 @@
  * (`data()`/`array()`, outside any tidy): webgpu has no synchronous read, and on wasm/cpu it resolves at once. It is uninterruptible: the weights, the optimizer
  * and the policy version change together or not at all.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import { Clock, Effect, Layer, Ref } from "effect"
 import * as Diagnostics from "../algo/Diagnostics.ts"
 import * as Kl from "../algo/Kl.ts"

@@ -24,7 +24,7 @@
  * 4. With `model.lora.rank > 0` only the adapters train; a checkpoint holds the MERGED weights (loadable as
  *    `model.path` by every command, HF and vLLM) plus the adapter alone in `adapter/` (PEFT layout).
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../tensor/Tf.ts"
 import { Clock, Console, Context, Effect, Schema } from "effect"
 import type { LoraConfig } from "../config/ModelConfig.ts"
 import type { SftConfig } from "../config/SftConfig.ts"

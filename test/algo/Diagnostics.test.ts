@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as Diagnostics from "../../src/algo/Diagnostics.ts"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import { assertClose, t2 } from "./assertions.ts"

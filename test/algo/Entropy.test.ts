@@ -1,5 +1,5 @@
 import { describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as Entropy from "../../src/algo/Entropy.ts"
 import { assertClose, assertNoLeak, assertTensorClose, t2 } from "./assertions.ts"
 

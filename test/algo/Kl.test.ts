@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { MathBackendCPU } from "@tensorflow/tfjs-backend-cpu"
 import * as Kl from "../../src/algo/Kl.ts"
 import { assertClose, assertNoLeak, assertTensorClose, t2 } from "./assertions.ts"

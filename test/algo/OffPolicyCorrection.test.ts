@@ -1,6 +1,6 @@
 // Ports of SkyRL tests/train/algorithms/test_off_policy_correction.py (same inputs, same expected numbers).
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as Diagnostics from "../../src/algo/Diagnostics.ts"
 import * as OffPolicyCorrection from "../../src/algo/OffPolicyCorrection.ts"
 import { assertClose, assertNoLeak, assertTensorClose, t2 } from "./assertions.ts"

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import { assertClose, assertNoLeak, t2 } from "./assertions.ts"
 

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as ValueLoss from "../../src/algo/ValueLoss.ts"
 import { assertClose, assertNoLeak, t2 } from "./assertions.ts"
 

@@ -1,6 +1,6 @@
 // Shared assertions for the algo tests: closeness of nested number arrays, and tensor leak checks.
 import { assert } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 
 type Nested = number | ReadonlyArray<Nested>
 

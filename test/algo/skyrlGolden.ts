@@ -6,7 +6,7 @@
 // after the per-token loss, so agreement also shows the two are the same.
 import { readFileSync } from "node:fs"
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as Advantages from "../../src/algo/Advantages.ts"
 import * as Kl from "../../src/algo/Kl.ts"
 import type * as OffPolicyCorrection from "../../src/algo/OffPolicyCorrection.ts"

@@ -3,7 +3,7 @@
  * backend's with the same kernels, and frozen weights stored as bfloat16 give what their float32 values give —
  * through the matmul that reads them as they are, and through every other op, which widens them first.
  */
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import { assert, beforeEach, describe, it } from "vitest"
 import * as NativeBackend from "../../src/backend/NativeBackend.ts"

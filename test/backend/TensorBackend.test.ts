@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as NativeKernels from "../../src/native/NativeKernels.ts"

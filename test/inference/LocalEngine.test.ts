@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect, Fiber } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as PolicyVersion from "../../src/domain/PolicyVersion.ts"

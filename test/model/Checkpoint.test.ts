@@ -1,7 +1,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { afterAll, assert, describe, it } from "vitest"
 import * as Checkpoint from "../../src/model/Checkpoint.ts"
 import * as ModelConfig from "../../src/model/ModelConfig.ts"

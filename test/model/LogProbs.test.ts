@@ -1,4 +1,4 @@
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import { assert, beforeAll, describe, it } from "vitest"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"

@@ -1,7 +1,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"

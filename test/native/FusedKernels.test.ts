@@ -5,7 +5,7 @@
  * no tensors and no native memory. Skipped, with the reason, when the addon did not build on this machine.
  */
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import "@tensorflow/tfjs-backend-wasm"
 import * as MissingKernels from "../../src/backend/MissingKernels.ts"
 import * as Decoder from "../../src/model/Decoder.ts"

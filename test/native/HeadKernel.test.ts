@@ -7,7 +7,7 @@
  * memory). No tensor and no native scratch memory is left behind. Skipped when the addon did not build here.
  */
 import { assert, beforeAll, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as Fused from "../../src/model/Fused.ts"

@@ -4,7 +4,7 @@
  * memory over many steps. Skipped, with the reason, when the addon did not build on this machine.
  */
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import "@tensorflow/tfjs-backend-wasm"
 import * as MissingKernels from "../../src/backend/MissingKernels.ts"
 import * as LogProbs from "../../src/model/LogProbs.ts"

@@ -1,5 +1,5 @@
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect, Logger } from "effect"
 import * as PolicyLoss from "../../src/algo/PolicyLoss.ts"
 import * as RunConfig from "../../src/config/RunConfig.ts"

@@ -7,7 +7,7 @@
 import { readFileSync, rmSync } from "node:fs"
 import { NodeServices } from "@effect/platform-node"
 import { assert, beforeAll, describe, it } from "@effect/vitest"
-import * as tf from "@tensorflow/tfjs"
+import * as tf from "../../src/tensor/Tf.ts"
 import { Effect, FileSystem, Schema } from "effect"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import type { RunConfig } from "../../src/config/RunConfig.ts"
