@@ -3,6 +3,7 @@ import { NodeServices } from "@effect/platform-node"
 import { Cause, Effect, Logger, Runtime } from "effect"
 import { CliError } from "effect/cli"
 import * as Cli from "./cli/Cli.ts"
+import * as DiskFull from "./domain/DiskFull.ts"
 import * as StopSignal from "./pipeline/StopSignal.ts"
 
 /** `EpisodeLogError: line 2 is not a valid group (file: runs/x/episodes.jsonl, line: 2)`: the tag, the message, and
@@ -21,7 +22,8 @@ const describeFailure = (error: unknown): string => {
 /**
  * Fatal errors go to stderr, stdout keeps only results (its last line is a command's JSON result). A typed failure is
  * one line naming what it concerns, with no stack: it is an answer, not a bug (errors with a CLI user message were
- * printed by the CLI already). A defect (a bug) prints its stack.
+ * printed by the CLI already). A defect (a bug) prints its stack, unless it is a full disk somewhere in a run, which
+ * is one line naming the file (DiskFull).
  */
 const reportFatal = (cause: Cause.Cause<unknown>) =>
   Effect.sync(() => {
@@ -34,6 +36,11 @@ const reportFatal = (cause: Cause.Cause<unknown>) =>
         process.stderr.write(`\nERROR\n  ${describeFailure(reason.error)}\n`)
       } else if (Cause.isDieReason(reason)) {
         const defect = reason.defect
+        const diskFull = DiskFull.find(defect)
+        if (diskFull !== undefined) {
+          process.stderr.write(`\nERROR\n  ${diskFull.message}\n`) // not a bug: one line, no stack
+          continue
+        }
         process.stderr.write(
           `\nERROR (a bug: please report it)\n${defect instanceof Error ? defect.stack : String(defect)}\n`
         )

@@ -19,6 +19,7 @@ import { Command, Flag } from "effect/cli"
 import * as TensorBackend from "../backend/TensorBackend.ts"
 import type * as RunConfigModel from "../config/ModelConfig.ts"
 import * as RunConfigLoader from "../config/RunConfigLoader.ts"
+import * as DiskFull from "../domain/DiskFull.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as GgufExport from "../model/GgufExport.ts"
@@ -292,8 +293,12 @@ export const exportGguf = (dir: string, out: string, type: GgufExport.ExportType
             name: path.basename(path.resolve(out)).replace(/\.gguf$/, "")
           })
         },
-        catch: (cause) =>
-          new CheckpointError({ path: out, message: cause instanceof Error ? cause.message : String(cause) })
+        catch: DiskFull.orElse(
+          out,
+          (cause) =>
+            new CheckpointError({ path: out, message: cause instanceof Error ? cause.message : String(cause) }),
+          "free space, then export again"
+        )
       })
       return {
         event: "export",

@@ -44,6 +44,7 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Worker } from "node:worker_threads"
 import { Effect } from "effect"
+import * as DiskFull from "../domain/DiskFull.ts"
 import { InferenceError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import type { AdapterWeights, WeightSnapshot } from "../domain/WeightSnapshot.ts"
@@ -180,17 +181,10 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
 
   // versions loaded in the worker; `version` is the one new requests sample from
   let version = 0
-  // written beside and renamed into place: llama.cpp maps a loaded GGUF file, and rewriting one in place (the same
-  // version exported again) truncates pages a loaded model still reads, which kills the process with SIGBUS
-  const writeModel = async (file: string) => {
-    await GgufExport.write(`${file}.tmp`, {
-      config,
-      arrays: [...arrays.values()],
-      tokenizer: options.tokenizer,
-      type: options.type
-    })
-    await fs.rename(`${file}.tmp`, file)
-  }
+  // GgufExport.write writes beside and renames into place: llama.cpp maps a loaded GGUF file, and rewriting one in
+  // place (the same version exported again) truncates pages a loaded model still reads, which kills it with SIGBUS
+  const writeModel = (file: string) =>
+    GgufExport.write(file, { config, arrays: [...arrays.values()], tokenizer: options.tokenizer, type: options.type })
   const load = async (next: number) => {
     await fs.mkdir(options.dir, { recursive: true })
     const stem = path.join(options.dir, `v${String(next).padStart(6, "0")}`)
@@ -308,8 +302,9 @@ export const make = Effect.fnUntraced(function* (options: LlamaCppEngineOptions)
         }
         await load(snapshot.version)
       },
-      catch: fail(`cannot load version ${snapshot.version}`)
-    })
+      // a full disk under the engine's GGUF directory stops the run in one line, as everywhere a run writes
+      catch: DiskFull.orElse(options.dir, fail(`cannot load version ${snapshot.version}`))
+    }).pipe(Effect.catchTag("DiskFullError", (e) => Effect.die(e)))
 
   return InferenceEngine.of({
     generate,

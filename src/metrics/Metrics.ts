@@ -7,6 +7,7 @@
  * the metric's name, plus `trainer/step` for the step of the last record.
  */
 import { Clock, Console, Context, Effect, FileSystem, Layer, Metric, Path, Ref } from "effect"
+import * as DiskFull from "../domain/DiskFull.ts"
 import * as ConsumedLog from "../store/ConsumedLog.ts"
 import * as RunDirectory from "../store/RunDirectory.ts"
 import * as MetricKeys from "./MetricKeys.ts"
@@ -121,9 +122,14 @@ export const make = Effect.fn("Metrics.make")(function* (runDir: string, options
     Effect.gen(function* () {
       const time = yield* elapsedSeconds
       const line = JSON.stringify({ event, step, time: Math.round(time * 1000) / 1000, ...values })
-      yield* fs
-        .writeFileString(file, `${line}\n`, { flag: "a" })
-        .pipe(Effect.catch((e) => Effect.logWarning(`metrics: cannot append to ${file}: ${e.message}`)))
+      yield* fs.writeFileString(file, `${line}\n`, { flag: "a" }).pipe(
+        Effect.catch((e) =>
+          // a full disk stops the run (in one line, at the top); any other failure loses this line only
+          DiskFull.is(e)
+            ? Effect.die(DiskFull.at(file))
+            : Effect.logWarning(`metrics: cannot append to ${file}: ${e.message}`)
+        )
+      )
       if (event === "train") yield* Ref.set(lastValues, { ...values })
       if (options.gauges === true) yield* setGauges(step, values)
     })

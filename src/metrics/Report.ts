@@ -15,6 +15,7 @@
  */
 import { createRequire } from "node:module"
 import { Cause, Effect, FileSystem, Path } from "effect"
+import * as DiskFull from "../domain/DiskFull.ts"
 import * as Metrics from "./Metrics.ts"
 import * as ReportData from "./ReportData.ts"
 import * as ComparePage from "./report-template/ComparePage.ts"
@@ -81,7 +82,12 @@ const writeAtomic = (file: string, text: string) =>
     yield* fs.writeFileString(tmp, text).pipe(
       Effect.flatMap(() => fs.rename(tmp, file)),
       Effect.tapError(() => fs.remove(tmp).pipe(Effect.ignore)),
-      Effect.mapError((cause) => new ReportData.ReportError({ path: file, message: `cannot write: ${cause.message}` }))
+      Effect.mapError(
+        DiskFull.orElse(
+          file,
+          (cause) => new ReportData.ReportError({ path: file, message: `cannot write: ${(cause as Error).message}` })
+        )
+      )
     )
   })
 
@@ -101,8 +107,9 @@ export const write = Effect.fn("Report.write")(function* (runDir: string, option
 })
 
 /**
- * Rewrite `<runDir>/report.html` during a run (after an eval or a checkpoint): never fails, a report that cannot be
- * built or written is a warning; before the run's first record there is nothing to report and nothing is written.
+ * Rewrite `<runDir>/report.html` during a run (after an eval or a checkpoint): a report that cannot be built or
+ * written is a warning, but a full disk stops the run (a DiskFullError defect, said in one line at the top); before the
+ * run's first record there is nothing to report and nothing is written.
  */
 export const refresh = (runDir: string): Effect.Effect<void, never, FileSystem.FileSystem | Path.Path> =>
   Effect.gen(function* () {
@@ -113,6 +120,7 @@ export const refresh = (runDir: string): Effect.Effect<void, never, FileSystem.F
   }).pipe(
     Effect.catchCause((cause) => {
       const error = Cause.squash(cause)
+      if (DiskFull.is(error)) return Effect.die(DiskFull.find(error))
       return Cause.hasInterruptsOnly(cause)
         ? Effect.failCause(cause as Cause.Cause<never>)
         : Effect.logWarning(`report not refreshed: ${error instanceof Error ? error.message : String(error)}`)

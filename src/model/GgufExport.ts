@@ -247,7 +247,10 @@ export interface WriteOptions {
   readonly name?: string
 }
 
-/** Write the GGUF file at `file`, tensor by tensor; returns its size in bytes. */
+/**
+ * Write the GGUF file at `file`, tensor by tensor, through `file.tmp` and a rename (a reader never sees half a file, and
+ * a write that fails, a full disk say, leaves nothing behind); returns its size in bytes.
+ */
 export const write = async (file: string, options: WriteOptions): Promise<number> => {
   const metadata = [
     ...modelMetadata(options.config, options.type, options.name ?? options.config.architecture),
@@ -255,18 +258,25 @@ export const write = async (file: string, options: WriteOptions): Promise<number
   ]
   const ts = tensors(options.config, options.arrays, options.type)
   const head = Gguf.header(metadata, ts)
-  const handle = await fs.open(file, "w")
+  const partial = `${file}.tmp`
+  const handle = await fs.open(partial, "w")
   let size = 0
   try {
-    await handle.write(head.bytes)
-    size += head.bytes.length
-    for (const t of ts) {
-      const bytes = Gguf.tensorBytes(t, head.alignment)
-      await handle.write(bytes)
-      size += bytes.length
+    try {
+      await handle.write(head.bytes)
+      size += head.bytes.length
+      for (const t of ts) {
+        const bytes = Gguf.tensorBytes(t, head.alignment)
+        await handle.write(bytes)
+        size += bytes.length
+      }
+    } finally {
+      await handle.close()
     }
-  } finally {
-    await handle.close()
+    await fs.rename(partial, file)
+  } catch (error) {
+    await fs.rm(partial, { force: true })
+    throw error
   }
   return size
 }

@@ -127,7 +127,12 @@ export const encodeAdapter = (options: AdapterOptions): Uint8Array =>
 export const writeAdapter = async (file: string, options: AdapterOptions): Promise<number> => {
   const bytes = encodeAdapter(options)
   const partial = `${file}.tmp`
-  await fs.writeFile(partial, bytes)
-  await fs.rename(partial, file)
+  try {
+    await fs.writeFile(partial, bytes)
+    await fs.rename(partial, file)
+  } catch (error) {
+    await fs.rm(partial, { force: true }) // a full disk leaves nothing behind
+    throw error
+  }
   return bytes.byteLength
 }

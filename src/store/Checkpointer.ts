@@ -30,6 +30,7 @@
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { type Cause, Context, Effect, Layer, Schema, SchemaIssue } from "effect"
+import * as DiskFull from "../domain/DiskFull.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
@@ -73,19 +74,13 @@ export class Checkpointer extends Context.Service<
   }
 >()("rl/store/Checkpointer") {}
 
-/** ENOSPC (no space left on the device) or EDQUOT (over the disk quota). */
-export const isDiskFull = (cause: unknown): boolean => {
-  const code = (cause as { code?: unknown } | null)?.code
-  return code === "ENOSPC" || code === "EDQUOT"
-}
-
 const attempt = <A>(dir: string, what: string, f: () => Promise<A>) =>
   Effect.tryPromise({
     try: f,
     catch: (cause) =>
       new CheckpointError({
         path: dir,
-        message: isDiskFull(cause)
+        message: DiskFull.is(cause)
           ? `no space left on the device writing ${what}: the checkpoint was not written and \`latest\` still names ` +
             "the previous one; free space, then train --resume latest"
           : `${what}: ${cause instanceof Error ? cause.message : String(cause)}`

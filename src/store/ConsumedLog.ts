@@ -12,6 +12,7 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Effect, Schema } from "effect"
 import { CliError } from "effect/cli"
+import * as DiskFull from "../domain/DiskFull.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 
 export const fileName = "consumed.jsonl"
@@ -26,15 +27,18 @@ export const file = (runDir: string) => path.join(runDir, fileName)
 
 /** Append and fsync the lines of one training step. */
 export const append = (runDir: string, step: number, groups: ReadonlyArray<TrajectoryGroup>) =>
-  Effect.tryPromise(async () => {
-    const handle = await fs.open(file(runDir), "a")
-    try {
-      const lines = groups.map((g) => `${JSON.stringify({ uid: g.promptUid, cursor: g.cursor, step })}\n`)
-      await handle.writeFile(lines.join(""))
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
+  Effect.tryPromise({
+    try: async () => {
+      const handle = await fs.open(file(runDir), "a")
+      try {
+        const lines = groups.map((g) => `${JSON.stringify({ uid: g.promptUid, cursor: g.cursor, step })}\n`)
+        await handle.writeFile(lines.join(""))
+        await handle.sync()
+      } finally {
+        await handle.close()
+      }
+    },
+    catch: DiskFull.orElse(file(runDir), (cause) => cause)
   }).pipe(Effect.orDie)
 
 /** A line of consumed.jsonl that is not one, other than a torn last line. */

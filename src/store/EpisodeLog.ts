@@ -8,6 +8,7 @@
  */
 import { Context, Effect, FileSystem, Layer, Path, Schema, Semaphore, Stream } from "effect"
 import { CliError } from "effect/cli"
+import * as DiskFull from "../domain/DiskFull.ts"
 import { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as ConsumedLog from "./ConsumedLog.ts"
 
@@ -26,7 +27,7 @@ export class EpisodeLog extends Context.Service<
   {
     readonly file: string
     /** Append one group; durable (fsync'd) when this succeeds. */
-    readonly append: (group: TrajectoryGroup) => Effect.Effect<void, EpisodeLogError>
+    readonly append: (group: TrajectoryGroup) => Effect.Effect<void, EpisodeLogError | DiskFull.DiskFullError>
   }
 >()("rl/store/EpisodeLog") {}
 
@@ -40,8 +41,8 @@ export const make = Effect.fn("EpisodeLog.make")(function* (dir: string) {
   const fs = yield* FileSystem.FileSystem
   const path = yield* Path.Path
   const file = path.join(dir, fileName)
-  const fail = (message: string) => (cause: { readonly message: string }) =>
-    new EpisodeLogError({ file, message: `${message}: ${cause.message}` })
+  const fail = (message: string) =>
+    DiskFull.orElse(file, (cause) => new EpisodeLogError({ file, message: `${message}: ${(cause as Error).message}` }))
   yield* fs.makeDirectory(dir, { recursive: true }).pipe(Effect.mapError(fail("cannot create run directory")))
   // a resumed run appends after a crash: a torn last line must not swallow the next group
   yield* ConsumedLog.dropTornTail(file)
@@ -63,7 +64,9 @@ export const make = Effect.fn("EpisodeLog.make")(function* (dir: string) {
   return EpisodeLog.of({ file, append })
 })
 
-export const layer = (dir: string): Layer.Layer<EpisodeLog, EpisodeLogError, FileSystem.FileSystem | Path.Path> =>
+export const layer = (
+  dir: string
+): Layer.Layer<EpisodeLog, EpisodeLogError | DiskFull.DiskFullError, FileSystem.FileSystem | Path.Path> =>
   Layer.effect(EpisodeLog, make(dir))
 
 /**

@@ -19,6 +19,7 @@ import { randomBytes } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { Clock, Duration, Effect, Layer } from "effect"
+import * as DiskFull from "../domain/DiskFull.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
@@ -66,8 +67,21 @@ const syncDir = async (dir: string): Promise<void> => {
 export const writeVersion = async (dir: string, snapshot: WeightSnapshot.WeightSnapshot, keep = 2): Promise<number> => {
   await fs.mkdir(dir, { recursive: true })
   const tmp = path.join(dir, `.tmp-${randomBytes(6).toString("hex")}`)
-  const target = versionDir(dir, snapshot.version)
   await fs.mkdir(tmp)
+  try {
+    return await writeVersionFrom(tmp, dir, snapshot, keep)
+  } finally {
+    await fs.rm(tmp, { recursive: true, force: true }) // renamed into place, or half-written (a full disk): gone
+  }
+}
+
+const writeVersionFrom = async (
+  tmp: string,
+  dir: string,
+  snapshot: WeightSnapshot.WeightSnapshot,
+  keep: number
+): Promise<number> => {
+  const target = versionDir(dir, snapshot.version)
   let written = 0
   if (snapshot.adapter !== undefined) {
     written += await Lora.writeDir(tmp, snapshot.adapter)
@@ -86,8 +100,12 @@ export const writeVersion = async (dir: string, snapshot: WeightSnapshot.WeightS
   await fs.rm(target, { recursive: true, force: true }) // a re-published version replaces the old files
   await fs.rename(tmp, target)
   const latestTmp = path.join(dir, `.${latestFile}-${randomBytes(6).toString("hex")}`)
-  await writeSynced(latestTmp, `${snapshot.version}\n`)
-  await fs.rename(latestTmp, path.join(dir, latestFile))
+  try {
+    await writeSynced(latestTmp, `${snapshot.version}\n`)
+    await fs.rename(latestTmp, path.join(dir, latestFile))
+  } finally {
+    await fs.rm(latestTmp, { force: true })
+  }
   await syncDir(dir)
   const versions = (await fs.readdir(dir))
     .filter((name) => /^v\d+$/.test(name))
@@ -148,12 +166,16 @@ export const make = (options: FileWeightSyncOptions): WeightSync["Service"] =>
       const snapshot = yield* update.snapshot
       const bytes = yield* Effect.tryPromise({
         try: () => writeVersion(options.dir, snapshot, options.keep ?? 2),
-        catch: (cause) =>
-          new WeightSyncError({
-            target: options.dir,
-            message: `cannot write v${snapshot.version}: ${cause instanceof Error ? cause.message : String(cause)}`
-          })
-      })
+        // a full disk stops the run in one line, as everywhere a run writes
+        catch: DiskFull.orElse(
+          options.dir,
+          (cause) =>
+            new WeightSyncError({
+              target: options.dir,
+              message: `cannot write v${snapshot.version}: ${cause instanceof Error ? cause.message : String(cause)}`
+            })
+        )
+      }).pipe(Effect.catchTag("DiskFullError", (e) => Effect.die(e)))
       const seconds = ((yield* Clock.currentTimeMillis) - startedAt) / 1000
       options.onSynced?.({ version: snapshot.version, bytes, seconds })
       yield* Effect.logDebug(`weight sync v${snapshot.version}: ${bytes} bytes to ${options.dir} in ${seconds}s`)
