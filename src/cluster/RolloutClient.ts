@@ -1,8 +1,8 @@
 /**
  * The trainer's side of the rollout cluster: `rollOut(prompt, { seed, minVersion })` sends the group's request to a
  * Rollout entity and waits for its TrajectoryGroup, wherever the cluster runs it (and re-runs it, when its runner
- * dies). `run` names this trainer process's requests: a fresh key space per trainer start, so a resumed run never
- * takes a group an earlier process asked for at other weights.
+ * dies). `run` names this trainer process's new requests; a resumed trainer asks again, under their own keys, for the
+ * groups its earlier process asked for (the run's request journal), and the cluster answers those from its storage.
  *
  * Placement: the cluster puts an entity on the runner owning its id's shard. Hashing request keys alone spreads
  * groups unevenly over runners (a runner with a long queue holds back the batch the trainer needs next while another
@@ -15,6 +15,8 @@ import { Context, Duration, Effect, Layer, Schedule } from "effect"
 import { EntityId, Sharding } from "effect/cluster"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import type { Prompt } from "../generator/Generator.ts"
+import * as ConsumedLog from "../store/ConsumedLog.ts"
+import * as RolloutRequests from "../store/RolloutRequests.ts"
 import { Rollout, requestKey } from "./RolloutEntity.ts"
 
 /** How many times a request that cannot be sent is sent again, a second apart, before the run fails. */
@@ -68,21 +70,37 @@ export const makePlacement = (shardOf: (entityId: string) => number) => {
   }
 }
 
-export const layer: Layer.Layer<RolloutClient, never, Sharding.Sharding> = Layer.effect(
-  RolloutClient,
-  Effect.gen(function* () {
-    const clientFor = yield* Rollout.client
-    const sharding = yield* Sharding.Sharding
-    const placement = makePlacement((id) => sharding.getShardId(EntityId.make(id), "default").id)
-    const run = randomBytes(6).toString("hex")
-    return RolloutClient.of({
-      run,
-      rollOut: (prompt, options) => {
-        const key = requestKey(run, prompt.cursor, options.minVersion)
+/**
+ * The client. With `runDir` (a run whose requests outlive the trainer: storage in Postgres) every request is
+ * journalled there before it is sent (store/RolloutRequests), and a cursor found in the journal, a request of an
+ * earlier process of the same run, is asked for again under its key and entity: the stored group, or the rollout
+ * still in flight, answers it.
+ */
+export const layer = (runDir?: string): Layer.Layer<RolloutClient, never, Sharding.Sharding> =>
+  Layer.effect(
+    RolloutClient,
+    Effect.gen(function* () {
+      const clientFor = yield* Rollout.client
+      const sharding = yield* Sharding.Sharding
+      const placement = makePlacement((id) => sharding.getShardId(EntityId.make(id), "default").id)
+      const run = randomBytes(6).toString("hex")
+      if (runDir !== undefined) yield* ConsumedLog.dropTornTail(RolloutRequests.file(runDir))
+      const sent = runDir === undefined ? new Map() : yield* Effect.promise(() => RolloutRequests.read(runDir))
+      if (sent.size > 0) {
+        yield* Effect.logInfo(
+          `rollouts: ${sent.size} requests of earlier trainer processes of this run are asked for again under their keys`
+        )
+      }
+      const journal = (request: RolloutRequests.Request) =>
+        runDir === undefined ? Effect.void : Effect.promise(() => RolloutRequests.append(runDir, request))
+      const rollOut = (prompt: Prompt, options: RollOptions): Effect.Effect<TrajectoryGroup> => {
+        const earlier = sent.get(prompt.cursor)
+        const key = earlier?.key ?? requestKey(run, prompt.cursor, options.minVersion)
         const { extras, ...row } = prompt.row
         return Effect.suspend(() => {
-          const { entityId, runner } = placement.place(key)
-          return clientFor(entityId)
+          const { entityId, runner } =
+            earlier === undefined ? placement.place(key) : { entityId: earlier.entityId, runner: undefined }
+          const request = clientFor(entityId)
             .RollOut({
               key,
               cursor: prompt.cursor,
@@ -104,8 +122,11 @@ export const layer: Layer.Layer<RolloutClient, never, Sharding.Sharding> = Layer
               Effect.map((reply) => reply.group),
               Effect.withSpan("RolloutClient.rollOut", { attributes: { key, entityId } })
             )
+          return earlier === undefined
+            ? journal({ cursor: prompt.cursor, key, entityId }).pipe(Effect.andThen(request))
+            : request
         })
       }
+      return RolloutClient.of({ run, rollOut })
     })
-  })
-)
+  )

@@ -70,9 +70,13 @@ const check = (c: RunConfig) =>
     }
   })
 
-/** The trainer's RolloutClient (nothing when `pipeline.rollouts` is local). */
+/**
+ * The trainer's RolloutClient (nothing when `pipeline.rollouts` is local); with Postgres storage its requests are
+ * journalled in `runDir`, so a resumed trainer takes the groups its killed process had asked for.
+ */
 export const trainer = (
-  c: RunConfig
+  c: RunConfig,
+  runDir?: string
 ): Effect.Effect<Layer.Layer<RolloutClient.RolloutClient, never, Generator.Generator | InferenceEngine>, ConfigError> =>
   Effect.gen(function* () {
     // local rollouts: no client (Pipelines takes the RolloutClient only for pipeline.rollouts cluster)
@@ -85,10 +89,10 @@ export const trainer = (
         capacity: c.generator.max_concurrent_groups,
         weightsFrom: "the trainer"
       }).pipe(Layer.provide(RunnerHost.attemptsMemory))
-      return Layer.mergeAll(RolloutClient.layer, host).pipe(Layer.provide(ClusterNode.memory(cluster)))
+      return Layer.mergeAll(RolloutClient.layer(), host).pipe(Layer.provide(ClusterNode.memory(cluster)))
     }
     const url = yield* sqlUrl(c)
-    return RolloutClient.layer.pipe(Layer.provide(ClusterNode.sqlClient(cluster, url)), Layer.orDie)
+    return RolloutClient.layer(runDir).pipe(Layer.provide(ClusterNode.sqlClient(cluster, url)), Layer.orDie)
   })
 
 export interface RunnerOptions {
@@ -152,4 +156,6 @@ export const runner = (c: RunConfig, options: RunnerOptions) =>
 
 /** Everything a training run needs (RunLayers.training), with the RolloutClient when `pipeline.rollouts` is cluster. */
 export const training = (c: RunConfig, options: RunLayers.RunOptions) =>
-  Layer.unwrap(Effect.map(trainer(c), (rollouts) => Layer.provideMerge(rollouts, RunLayers.training(c, options))))
+  Layer.unwrap(
+    Effect.map(trainer(c, options.runDir), (rollouts) => Layer.provideMerge(rollouts, RunLayers.training(c, options)))
+  )

@@ -85,7 +85,9 @@ export const make = Effect.fn("AsyncSource.make")(function* (
     data.stepVersions !== undefined && data.stepVersions.length === done + 1
       ? [...data.stepVersions]
       : Array.from({ length: done + 1 }, () => 0)
-  stepVersions[done] = yield* trainer.version
+  // the checkpoint's own version where it recorded one: a resumed trainer may publish above it (past the versions an
+  // earlier process published, TrainingLoop.resume), and its groups sampled on those count as sampled at this step
+  if (data.stepVersions?.length !== done + 1) stepVersions[done] = yield* trainer.version
   if (start.checkpoint !== undefined) {
     yield* Effect.logInfo(
       `resumed at step ${done}: ${pending.size} in-flight groups restored, generating from cursor ${done * B}`

@@ -40,6 +40,7 @@ export const train = Effect.fn("Pipelines.train")(function* (inputs: TrainInputs
       settings: TrainingLoop.settingsOf(config),
       runDir: inputs.runDir,
       ...(inputs.resumeFrom === undefined ? {} : { resumeFrom: inputs.resumeFrom }),
+      ...(weightSync.published === undefined ? {} : { publishedBefore: weightSync.published }),
       publish: (version) => {
         let bytes = 0 // what the sync read of the trainer's weights: none when the engine shares them
         const snapshot = Effect.tap(trainer.snapshot, (s) =>

@@ -140,6 +140,12 @@ export interface Options<R = never> {
    * the sync moved (0 when the engine shares the trainer's tensors).
    */
   readonly publish: (version: PolicyVersion) => Effect.Effect<number>
+  /**
+   * The newest version already published where engines read (WeightSync.published): a resumed run whose earlier
+   * process published past the checkpoint publishes the restored weights above it, or engines that loaded those lost
+   * versions (rollout runners load only newer ones) would go on sampling from them.
+   */
+  readonly publishedBefore?: Effect.Effect<number | undefined>
   /** Held-out evaluation at a step; absent: no evaluation (replay). */
   readonly evaluate?: (
     label: string,
@@ -258,7 +264,16 @@ const resume = <R>(options: Options<R>, trainer: Trainer["Service"], checkpointe
     let start: Start = { firstStep: 1 }
     if (options.resumeFrom !== undefined) {
       const restored = yield* checkpointer.read(options.resumeFrom)
-      yield* trainer.restore(restored.trainer)
+      const published = options.publishedBefore === undefined ? undefined : yield* options.publishedBefore
+      const version =
+        published !== undefined && published > restored.trainer.version ? published + 1 : restored.trainer.version
+      yield* trainer.restore({ ...restored.trainer, version })
+      if (version !== restored.trainer.version) {
+        yield* Effect.logInfo(
+          `versions up to ${published} were published past the checkpoint (version ${restored.trainer.version}) by ` +
+            `the earlier process: the restored weights go out as version ${version}, so every engine takes them`
+        )
+      }
       start = { firstStep: restored.trainer.step + 1, checkpoint: { dir: options.resumeFrom, data: restored.data } }
       // what samples starts at version 0: tell it the restored weights' version before anything samples from them
       yield* options.publish(yield* trainer.version)

@@ -8,6 +8,7 @@
  *   consumed.jsonl     ConsumedLog: every prompt trained on, with its step
  *   checkpoints/       Checkpointer: step-N/ directories and `latest`
  *   report.html        Report
+ *   rollout-requests.jsonl  RolloutRequests: the cluster requests the trainer sent (Postgres storage only)
  *   earlier/<start>/   the files of earlier runs into the same directory
  *
  * A fresh run (no resume) into a directory that holds an earlier run first moves that run's files to
@@ -20,6 +21,7 @@ import { CheckpointError } from "../domain/Errors.ts"
 import * as Checkpointer from "./Checkpointer.ts"
 import * as ConsumedLog from "./ConsumedLog.ts"
 import * as EpisodeLog from "./EpisodeLog.ts"
+import * as RolloutRequests from "./RolloutRequests.ts"
 
 export const configFile = "config.yaml"
 export const metricsFile = "metrics.jsonl"
@@ -33,7 +35,8 @@ export const entries: ReadonlyArray<string> = [
   EpisodeLog.fileName,
   ConsumedLog.fileName,
   Checkpointer.dirName,
-  reportFile
+  reportFile,
+  RolloutRequests.fileName
 ]
 
 /**

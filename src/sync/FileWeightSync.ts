@@ -161,6 +161,7 @@ export const readVersion = async (dir: string, version: number): Promise<WeightS
 export const make = (options: FileWeightSyncOptions): WeightSync["Service"] =>
   WeightSync.of({
     kind: "file",
+    published: Effect.promise(() => readLatest(options.dir)),
     publish: Effect.fn("FileWeightSync.publish")(function* (update) {
       const startedAt = yield* Clock.currentTimeMillis
       const snapshot = yield* update.snapshot
@@ -198,6 +199,7 @@ export const layerFollowing = (options: FileWeightSyncOptions): Layer.Layer<Weig
       const files = make(options)
       return WeightSync.of({
         kind: "file",
+        published: Effect.promise(() => readLatest(options.dir)),
         publish: (update) =>
           files.publish(update).pipe(
             Effect.andThen(

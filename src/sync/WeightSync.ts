@@ -34,5 +34,11 @@ export class WeightSync extends Context.Service<
     readonly kind: string
     /** Make `update` the weights engines sample from; returns when they have it (or will at their next step). */
     readonly publish: (update: Update) => Effect.Effect<void, WeightSyncError>
+    /**
+     * The newest version already published where engines read, by this process or an earlier one (a file sync's
+     * LATEST); absent where nothing outlives the process. A resumed run publishes above it: an engine that loaded it
+     * (a rollout runner) takes only newer versions.
+     */
+    readonly published?: Effect.Effect<number | undefined>
   }
 >()("rl/sync/WeightSync") {}

@@ -3,7 +3,9 @@
  * a `train` with `pipeline.rollouts: cluster` (configs/tiny-cluster.yaml). One runner is SIGKILLed the moment it starts
  * a group mid-run; its shards move to the survivors, which roll that group out again. The run finishes with every
  * prompt in consumed.jsonl exactly once, every group in episodes.jsonl whole, the lost group recorded as retried, and
- * the killed runner's MCP servers gone. And a run whose Postgres restarts mid-run waits and finishes.
+ * the killed runner's MCP servers gone. A trainer SIGKILLed mid-run and resumed while the same runners keep running
+ * takes the groups its killed process had asked for instead of rolling them out again (every cursor rolled out once).
+ * And a run whose Postgres restarts mid-run waits and finishes.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process"
 import * as fs from "node:fs"
@@ -179,6 +181,73 @@ describe("rollouts on the cluster (Postgres, 3 runners)", () => {
     assert.deepStrictEqual(killed!.mcp.filter(alive), [], "MCP servers of the killed runner still alive")
     fs.rmSync(runDir, { recursive: true, force: true })
     await Promise.all(runners.map((r) => stopChild(r)))
+  })
+
+  it("resumes a trainer killed with -9 while its runners keep running: every prompt once, no group rolled out twice", async () => {
+    const runDir = fs.mkdtempSync(path.join(tmpdir(), "effect-rl-cluster-restart-"))
+    const weights = path.join(runDir, "weights")
+    const consumedFile = path.join(runDir, "consumed.jsonl")
+    // every rollout any runner starts, by cursor (the key is <run>/<cursor>/v<version>)
+    const rolledOut: Array<{ cursor: number; again: boolean }> = []
+    const onStderr = (text: string) => {
+      for (const m of text.matchAll(/runner: rolling out \S+?\/(\d+)\/v\d+( again)?/g)) {
+        rolledOut.push({ cursor: Number(m[1]), again: m[2] !== undefined })
+      }
+    }
+    const runners = await Promise.all(
+      [freePort(), freePort(), freePort()].map((p) => startRunner(p, weights, (text) => onStderr(text)))
+    )
+    const train = (resume: boolean) => {
+      const child = spawn(
+        process.execPath,
+        ["src/main.ts", "train", "--config", config, "--run-dir", runDir, ...(resume ? ["--resume", "latest"] : [])],
+        { stdio: ["ignore", "pipe", "pipe"], env: env() }
+      )
+      children.push(child)
+      let stderr = ""
+      child.stderr!.on("data", (c: Buffer) => {
+        stderr += c.toString()
+      })
+      child.stdout!.resume()
+      const exited = new Promise<number | string | null>((resolve) => child.on("exit", (c, sig) => resolve(sig ?? c)))
+      return { child, exited, stderr: () => stderr }
+    }
+
+    try {
+      // killed after three steps: step 2's checkpoint, step 3 trained past it, later groups asked for and in flight
+      const first = train(false)
+      while (lines(consumedFile).length < 6 && first.child.exitCode === null)
+        await new Promise((r) => setTimeout(r, 20))
+      first.child.kill("SIGKILL")
+      assert.strictEqual(await first.exited, "SIGKILL", first.stderr().slice(-3000))
+      const rolledBefore = rolledOut.length
+
+      const resumed = train(true)
+      assert.strictEqual(await resumed.exited, 0, resumed.stderr().slice(-3000))
+      assert.match(resumed.stderr(), /requests of earlier trainer processes of this run are asked for again/)
+      // step 3's version reached the runners before the kill: the restored weights go out above it
+      assert.match(resumed.stderr(), /the restored weights go out as version \d+, so every engine takes them/)
+
+      // every prompt trained exactly once, in cursor order
+      assert.deepStrictEqual(
+        lines(consumedFile).map((l) => (JSON.parse(l) as { cursor: number }).cursor),
+        Array.from({ length: 16 }, (_, i) => i)
+      )
+      // no group rolled out twice: each cursor's rollout started once, on the runners that kept running throughout
+      const byCursor = new Map<number, number>()
+      for (const r of rolledOut) byCursor.set(r.cursor, (byCursor.get(r.cursor) ?? 0) + 1)
+      assert.deepStrictEqual(
+        [...byCursor.entries()].filter(([, n]) => n > 1),
+        [],
+        `rolled out more than once (rollouts: ${JSON.stringify(rolledOut)})`
+      )
+      assert.isAbove(rolledOut.length, rolledBefore, "the runners rolled out nothing for the resumed trainer")
+      for (const r of runners) assert.strictEqual(r.exitCode, null, "a runner stopped with the trainer")
+    } finally {
+      // stopped whatever happened: a runner left up would take the next test's groups on this test's weights
+      await Promise.all(runners.map((r) => stopChild(r)))
+    }
+    fs.rmSync(runDir, { recursive: true, force: true })
   })
 
   it("waits through a Postgres restart mid-run and finishes every prompt once", async () => {
