@@ -10,7 +10,7 @@
 namespace effect_rl {
 
 // The table's hash (Abi.hash): info() reports it, and the loader refuses an addon built from another table.
-constexpr const char kAbiHash[] = "fd65ae6a01ba9ecf";
+constexpr const char kAbiHash[] = "bcbc386fecf0ec10";
 
 // matmul: out[b] = act(op(A[ia(b)]) · op(B[ib(b)]) + bias). ia(b) is aBatchIndex[b] when given (general batch
 // broadcasting), else b · aBatchStride; likewise ib. bias is a [N] row.
@@ -781,6 +781,16 @@ inline bool unpack(Args& args, SetThreadsArgs* in) {
   return args.ok;
 }
 
+// mallocTrim: Give the C allocator's free memory back to the system (glibc's malloc_trim): true when some was. A no-op
+// returning false where the C library is not glibc.
+struct MallocTrimArgs {};
+napi_value MallocTrim(Args& args, const MallocTrimArgs& in);
+inline bool unpack(Args& args, MallocTrimArgs* in) {
+  (void)in;
+  if (!args.expectCount(0, "mallocTrim")) return false;
+  return args.ok;
+}
+
 // info: The build (BLAS, SIMD, ABI hash) and counters: pool threads, scratch bytes held, kernel calls so far.
 struct InfoArgs {};
 napi_value Info(Args& args, const InfoArgs& in);
@@ -833,6 +843,7 @@ constexpr Export kExports[] = {
     {"toBf16", entry<ToBf16Args, ToBf16>},
     {"fromBf16", entry<FromBf16Args, FromBf16>},
     {"setThreads", entry<SetThreadsArgs, SetThreads>},
+    {"mallocTrim", entry<MallocTrimArgs, MallocTrim>},
     {"info", entry<InfoArgs, Info>},
 };
 

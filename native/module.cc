@@ -8,6 +8,9 @@
 // else to our own blocked SGEMM (gemm.cc); work is split over a small thread pool (pool.h) sized by setThreads.
 #include <algorithm>
 #include <thread>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "abi.generated.h"
 #include "gemm.h"
@@ -20,6 +23,17 @@ napi_value SetThreads(Args& args, const SetThreadsArgs& in) {
   if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
   pool.resize(threads);
   return undefinedValue(args.env);
+}
+
+napi_value MallocTrim(Args& args, const MallocTrimArgs&) {
+#ifdef __GLIBC__
+  const bool released = malloc_trim(0) == 1;
+#else
+  const bool released = false;
+#endif
+  napi_value out;
+  napi_get_boolean(args.env, released, &out);
+  return out;
 }
 
 napi_value Info(Args& args, const InfoArgs&) {

@@ -485,6 +485,13 @@ export const functions = {
     args: [["threads", "int"]],
     returns: "void"
   },
+  mallocTrim: {
+    doc:
+      "Give the C allocator's free memory back to the system (glibc's malloc_trim): true when some was. A no-op " +
+      "returning false where the C library is not glibc.",
+    args: [],
+    returns: "bool"
+  },
   info: {
     doc: "The build (BLAS, SIMD, ABI hash) and counters: pool threads, scratch bytes held, kernel calls so far.",
     args: [],
