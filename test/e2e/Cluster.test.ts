@@ -14,6 +14,7 @@ import * as path from "node:path"
 import { Schema } from "effect"
 import { afterAll, assert, beforeAll, describe, it } from "vitest"
 import { TrajectoryGroup } from "../../src/domain/Trajectory.ts"
+import * as Cli from "../fixtures/Cli.ts"
 
 const config = "configs/tiny-cluster.yaml"
 const children: Array<ChildProcess> = []
@@ -198,19 +199,12 @@ describe("rollouts on the cluster (Postgres, 3 runners)", () => {
       [freePort(), freePort(), freePort()].map((p) => startRunner(p, weights, (text) => onStderr(text)))
     )
     const train = (resume: boolean) => {
-      const child = spawn(
-        process.execPath,
-        ["src/main.ts", "train", "--config", config, "--run-dir", runDir, ...(resume ? ["--resume", "latest"] : [])],
-        { stdio: ["ignore", "pipe", "pipe"], env: env() }
+      const run = Cli.start(
+        ["train", "--config", config, "--run-dir", runDir, ...(resume ? ["--resume", "latest"] : [])],
+        { DATABASE_URL: databaseUrl }
       )
-      children.push(child)
-      let stderr = ""
-      child.stderr!.on("data", (c: Buffer) => {
-        stderr += c.toString()
-      })
-      child.stdout!.resume()
-      const exited = new Promise<number | string | null>((resolve) => child.on("exit", (c, sig) => resolve(sig ?? c)))
-      return { child, exited, stderr: () => stderr }
+      children.push(run.child)
+      return run
     }
 
     try {

@@ -7,79 +7,27 @@
  * - after the space is freed, `--resume latest` finishes the run and every prompt is trained exactly once
  *   (consumed.jsonl holds each cursor once, in order).
  */
-import { type ChildProcess, spawn, spawnSync } from "node:child_process"
-import {
-  closeSync,
-  existsSync,
-  mkdtempSync,
-  openSync,
-  readdirSync,
-  readFileSync,
-  rmdirSync,
-  rmSync,
-  writeSync
-} from "node:fs"
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
+import * as Cli from "../fixtures/Cli.ts"
+import * as Tmpfs from "../fixtures/Tmpfs.ts"
 
-const mount = (dir: string, bytes: number) =>
-  spawnSync("mount", ["-t", "tmpfs", "-o", `size=${bytes}`, "tmpfs", dir], { stdio: "ignore" }).status === 0
-const unmount = (dir: string) => spawnSync("umount", [dir], { stdio: "ignore" })
-
-const canMount = (() => {
-  if (process.platform !== "linux") return false
-  const probe = mkdtempSync(join(tmpdir(), "effect-rl-mount-probe-"))
-  const ok = mount(probe, 1 << 20)
-  if (ok) unmount(probe)
-  rmdirSync(probe)
-  return ok
-})()
-
-/** Write zeros into `file` until the disk says no: every free byte taken. */
-const fill = (file: string): void => {
-  const fd = openSync(file, "w")
-  const chunk = Buffer.alloc(64 << 10)
-  try {
-    for (let size = chunk.length; size > 0; ) {
-      try {
-        writeSync(fd, chunk, 0, size)
-      } catch {
-        size = size >> 1
-      }
-    }
-  } finally {
-    closeSync(fd)
-  }
-}
-
-const train = (config: string, runDir: string, resume: boolean) => {
-  const child: ChildProcess = spawn(
-    process.execPath,
-    [
-      "src/main.ts",
-      "train",
-      "--config",
-      config,
-      "--run-dir",
-      runDir,
-      "logging.progress=false",
-      "checkpoint.interval=1",
-      "checkpoint.keep_n=2",
-      "trainer.eval_before_train=false",
-      "trainer.max_steps=8",
-      ...(resume ? ["--resume", "latest"] : [])
-    ],
-    { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } }
-  )
-  let stderr = ""
-  child.stderr!.on("data", (c) => {
-    stderr += String(c)
-  })
-  child.stdout!.resume()
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)))
-  return { exited, stderr: () => stderr }
-}
+const train = (config: string, runDir: string, resume: boolean) =>
+  Cli.start([
+    "train",
+    "--config",
+    config,
+    "--run-dir",
+    runDir,
+    "logging.progress=false",
+    "checkpoint.interval=1",
+    "checkpoint.keep_n=2",
+    "trainer.eval_before_train=false",
+    "trainer.max_steps=8",
+    ...(resume ? ["--resume", "latest"] : [])
+  ])
 
 const latestOf = (runDir: string): string | undefined => {
   try {
@@ -100,11 +48,11 @@ const consumedCursors = (runDir: string): Array<number> =>
     .filter((l) => l !== "")
     .map((l) => (JSON.parse(l) as { cursor: number }).cursor)
 
-describe.skipIf(!canMount)("a disk that fills during training (tmpfs)", () => {
+describe.skipIf(!Tmpfs.canMount)("a disk that fills during training (tmpfs)", () => {
   for (const config of ["configs/tiny.yaml", "configs/tiny-async.yaml"]) {
     it(`${config}: stops in one line with latest intact, and resumes exactly once when space is freed`, async () => {
       const mountPoint = mkdtempSync(join(tmpdir(), "effect-rl-disk-full-run-"))
-      assert.isTrue(mount(mountPoint, 32 << 20))
+      assert.isTrue(Tmpfs.mount(mountPoint, 32 << 20))
       try {
         const runDir = join(mountPoint, "run")
         const filler = join(mountPoint, "filler")
@@ -115,7 +63,7 @@ describe.skipIf(!canMount)("a disk that fills during training (tmpfs)", () => {
         })
         while (!ended && latestOf(runDir) !== "step-2") await new Promise((r) => setTimeout(r, 20))
         assert.isFalse(ended, `the run ended before step 2:\n${first.stderr().slice(-3000)}`)
-        fill(filler)
+        Tmpfs.fill(filler)
         const code = await first.exited
         const stderr = first.stderr()
         assert.notStrictEqual(code, 0, stderr.slice(-3000))
@@ -144,7 +92,7 @@ describe.skipIf(!canMount)("a disk that fills during training (tmpfs)", () => {
           Array.from({ length: 16 }, (_, i) => i)
         )
       } finally {
-        unmount(mountPoint)
+        Tmpfs.unmount(mountPoint)
         rmSync(mountPoint, { recursive: true, force: true })
       }
     }, 300_000)

@@ -5,13 +5,11 @@
  * directory, and `latest` still names a checkpoint that reads; once space is freed the next save succeeds; a run warns
  * when the room is below two checkpoints.
  */
-import { spawnSync } from "node:child_process"
 import {
   existsSync,
   mkdtempSync,
   readdirSync,
   readFileSync,
-  rmdirSync,
   rmSync,
   statfsSync,
   statSync,
@@ -26,24 +24,11 @@ import * as Transformer from "../../src/model/Transformer.ts"
 import * as Checkpointer from "../../src/store/Checkpointer.ts"
 import * as ByteTokenizer from "../../src/tokenizer/ByteTokenizer.ts"
 import * as TinyPolicy from "../fixtures/TinyPolicy.ts"
-
-const mount = (dir: string, bytes: number) =>
-  spawnSync("mount", ["-t", "tmpfs", "-o", `size=${bytes}`, "tmpfs", dir], { stdio: "ignore" }).status === 0
-const unmount = (dir: string) => spawnSync("umount", [dir], { stdio: "ignore" })
-
-/** Whether this process may mount a tmpfs (root, or CAP_SYS_ADMIN). */
-const canMount = (() => {
-  if (process.platform !== "linux") return false
-  const probe = mkdtempSync(join(tmpdir(), "effect-rl-mount-probe-"))
-  const ok = mount(probe, 1 << 20)
-  if (ok) unmount(probe)
-  rmdirSync(probe)
-  return ok
-})()
+import * as Tmpfs from "../fixtures/Tmpfs.ts"
 
 const sizeOf = (dir: string): number => readdirSync(dir).reduce((n, f) => n + statSync(join(dir, f)).size, 0)
 
-describe.skipIf(!canMount)("Checkpointer on a disk that fills (tmpfs)", () => {
+describe.skipIf(!Tmpfs.canMount)("Checkpointer on a disk that fills (tmpfs)", () => {
   it.effect(
     "prunes before it writes, fails a full-disk save in one line with latest intact, and saves once freed",
     () =>
@@ -62,7 +47,7 @@ describe.skipIf(!canMount)("Checkpointer on a disk that fills (tmpfs)", () => {
         rmSync(sizing, { recursive: true, force: true })
 
         const runDir = mkdtempSync(join(tmpdir(), "effect-rl-disk-full-"))
-        assert.isTrue(mount(runDir, Math.round(2.5 * bytes) + (64 << 10)))
+        assert.isTrue(Tmpfs.mount(runDir, Math.round(2.5 * bytes) + (64 << 10)))
         try {
           const logs: Array<string> = []
           const checkpointer = Checkpointer.make({ runDir, keepN: 2, tokenizer })
@@ -107,7 +92,7 @@ describe.skipIf(!canMount)("Checkpointer on a disk that fills (tmpfs)", () => {
           assert.strictEqual(readFileSync(join(checkpoints, "latest"), "utf8"), "step-5")
           assert.deepStrictEqual(steps(), ["step-4", "step-5"])
         } finally {
-          unmount(runDir)
+          Tmpfs.unmount(runDir)
           rmSync(runDir, { recursive: true, force: true })
           Transformer.dispose(model)
         }

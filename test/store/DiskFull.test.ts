@@ -4,19 +4,7 @@
  * that stops a run (the CLI prints it in one line, src/main.ts), and leaves nothing half-written behind. And the
  * recognition itself: Node's ENOSPC/EDQUOT under Effect's PlatformError, found with the file the chain names.
  */
-import { spawnSync } from "node:child_process"
-import {
-  closeSync,
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  openSync,
-  readdirSync,
-  rmdirSync,
-  rmSync,
-  writeFileSync,
-  writeSync
-} from "node:fs"
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { NodeServices } from "@effect/platform-node"
@@ -30,37 +18,8 @@ import * as Report from "../../src/metrics/Report.ts"
 import * as ConsumedLog from "../../src/store/ConsumedLog.ts"
 import * as EpisodeLog from "../../src/store/EpisodeLog.ts"
 import * as FileWeightSync from "../../src/sync/FileWeightSync.ts"
+import * as Tmpfs from "../fixtures/Tmpfs.ts"
 import * as TrajectoryFixtures from "../fixtures/Trajectories.ts"
-
-const mount = (dir: string, bytes: number) =>
-  spawnSync("mount", ["-t", "tmpfs", "-o", `size=${bytes}`, "tmpfs", dir], { stdio: "ignore" }).status === 0
-const unmount = (dir: string) => spawnSync("umount", [dir], { stdio: "ignore" })
-
-const canMount = (() => {
-  if (process.platform !== "linux") return false
-  const probe = mkdtempSync(join(tmpdir(), "effect-rl-mount-probe-"))
-  const ok = mount(probe, 1 << 20)
-  if (ok) unmount(probe)
-  rmdirSync(probe)
-  return ok
-})()
-
-/** Take every free byte under `dir`. */
-const fill = (dir: string): void => {
-  const fd = openSync(join(dir, "filler"), "w")
-  const chunk = Buffer.alloc(64 << 10)
-  try {
-    for (let size = chunk.length; size > 0; ) {
-      try {
-        writeSync(fd, chunk, 0, size)
-      } catch {
-        size = size >> 1
-      }
-    }
-  } finally {
-    closeSync(fd)
-  }
-}
 
 /** The DiskFullError an exit failed or died with. */
 const diskFullOf = (exit: Exit.Exit<unknown, unknown>): DiskFull.DiskFullError | undefined => {
@@ -97,7 +56,7 @@ const writers = (dir: string) =>
     writeFileSync(join(runDir, Metrics.fileName), `${line}${" ".repeat(4096 - line.length - 1)}\n`)
     const episodes = yield* EpisodeLog.make(runDir)
     const metrics = yield* Metrics.make(runDir, { progress: false })
-    fill(dir)
+    Tmpfs.fill(join(dir, "filler"))
 
     const episode = diskFullOf(yield* Effect.exit(episodes.append(group)))
     assert.strictEqual(episode?.file, join(runDir, EpisodeLog.fileName))
@@ -153,18 +112,18 @@ describe("DiskFull", () => {
     assert.strictEqual(mapped(new Error("x")), "other")
   })
 
-  describe.skipIf(!canMount)("every writer of a run on a full tmpfs", () => {
+  describe.skipIf(!Tmpfs.canMount)("every writer of a run on a full tmpfs", () => {
     it.effect(
       "episode log, consumed log, metrics, report and weight-sync files: a DiskFullError naming each file",
       () =>
         Effect.suspend(() => {
           const dir = mkdtempSync(join(tmpdir(), "effect-rl-writers-full-"))
-          assert.isTrue(mount(dir, 4 << 20))
+          assert.isTrue(Tmpfs.mount(dir, 4 << 20))
           return writers(dir).pipe(
             Effect.scoped, // the episode log's handle closes before the unmount
             Effect.ensuring(
               Effect.sync(() => {
-                unmount(dir)
+                Tmpfs.unmount(dir)
                 rmSync(dir, { recursive: true, force: true })
               })
             ),
