@@ -6,6 +6,8 @@
  * Reading tolerates a torn last line (a crash mid-write): it is skipped with a warning. A bad line anywhere else is
  * an error naming the file and line, since it means the file was edited or corrupted.
  */
+import { createReadStream } from "node:fs"
+import * as readline from "node:readline"
 import { Context, Effect, FileSystem, Layer, Path, Schema, Semaphore, Stream } from "effect"
 import { CliError } from "effect/cli"
 import * as DiskFull from "../domain/DiskFull.ts"
@@ -70,36 +72,47 @@ export const layer = (
   Layer.effect(EpisodeLog, make(dir))
 
 /**
- * Stream the groups of an episode log in order. A torn last line is skipped with a warning; any other bad line fails.
+ * The lines of `file` with their index, read as a stream (a long run's log is hundreds of MB: held whole, every reader
+ * would hold it all), each marked `last` when no line follows it.
  */
-export const read = (file: string): Stream.Stream<TrajectoryGroup, EpisodeLogError, FileSystem.FileSystem> =>
-  Effect.gen(function* () {
-    const fs = yield* FileSystem.FileSystem
-    const text = yield* fs
-      .readFileString(file)
-      .pipe(Effect.mapError((cause) => new EpisodeLogError({ file, message: `cannot read: ${cause.message}` })))
-    const lines = text.split("\n")
-    const complete = text.endsWith("\n") // the last element is "" when every line was finished
-    const last = complete ? lines.length - 2 : lines.length - 1
-    return Stream.fromIterable(lines.map((line, i) => ({ line, i }))).pipe(
-      Stream.filter(({ line }) => line.trim() !== ""),
-      Stream.mapEffect(({ line, i }) => {
-        const exit = decodeLine(line)
-        if (exit._tag === "Success") return Effect.succeed([exit.value])
-        if (i === last) {
-          return Effect.logWarning(
-            `${file}:${i + 1}: skipping torn last line (${line.length} bytes; a crash mid-write)`
-          ).pipe(Effect.as([]))
-        }
-        return Effect.fail(
-          new EpisodeLogError({
-            file,
-            line: i + 1,
-            message:
-              "not a valid trajectory group (a torn or edited line in the middle of the log; only a torn last line is skipped)"
-          })
-        )
-      }),
-      Stream.flatMap((groups) => Stream.fromIterable(groups))
-    )
-  }).pipe(Stream.unwrap)
+async function* numberedLines(file: string): AsyncGenerator<{ line: string; i: number; last: boolean }> {
+  const lines = readline.createInterface({ input: createReadStream(file), crlfDelay: Number.POSITIVE_INFINITY })
+  let previous: string | undefined
+  let i = 0
+  for await (const line of lines) {
+    if (previous !== undefined) yield { line: previous, i: i - 1, last: false }
+    previous = line
+    i++
+  }
+  if (previous !== undefined) yield { line: previous, i: i - 1, last: true }
+}
+
+/**
+ * Stream the groups of an episode log in order, a line at a time. A torn last line is skipped with a warning; any
+ * other bad line fails.
+ */
+export const read = (file: string): Stream.Stream<TrajectoryGroup, EpisodeLogError> =>
+  Stream.fromAsyncIterable(
+    numberedLines(file),
+    (cause) => new EpisodeLogError({ file, message: `cannot read: ${(cause as Error).message}` })
+  ).pipe(
+    Stream.filter(({ line }) => line.trim() !== ""),
+    Stream.mapEffect(({ line, i, last }) => {
+      const exit = decodeLine(line)
+      if (exit._tag === "Success") return Effect.succeed([exit.value])
+      if (last) {
+        return Effect.logWarning(
+          `${file}:${i + 1}: skipping torn last line (${line.length} bytes; a crash mid-write)`
+        ).pipe(Effect.as([]))
+      }
+      return Effect.fail(
+        new EpisodeLogError({
+          file,
+          line: i + 1,
+          message:
+            "not a valid trajectory group (a torn or edited line in the middle of the log; only a torn last line is skipped)"
+        })
+      )
+    }),
+    Stream.flatMap((groups) => Stream.fromIterable(groups))
+  )
