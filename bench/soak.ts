@@ -61,6 +61,20 @@ interface EngineResult {
   readonly seconds?: number
   readonly rssMiB?: Record<string, number> // step → RSS, every 20th of the run and at `at` and the last
   readonly growth?: number // (RSS at the last step − RSS at `at`) / RSS at `at`
+  /** The run's own memory metrics (memory/*, MB) at `at` and at the last step: which part grew */
+  readonly memory?: Record<string, Record<string, number>>
+}
+
+/** The memory/* values of the `train` lines at `steps`, from metrics.jsonl. */
+const memoryAt = (file: string, steps: ReadonlyArray<number>): Record<string, Record<string, number>> => {
+  const out: Record<string, Record<string, number>> = {}
+  for (const line of fs.readFileSync(file, "utf8").split("\n")) {
+    if (!line.includes('"event":"train"')) continue
+    const m = JSON.parse(line) as Record<string, number>
+    if (!steps.includes(m["step"]!)) continue
+    out[String(m["step"])] = Object.fromEntries(Object.entries(m).filter(([k]) => k.startsWith("memory/")))
+  }
+  return out
 }
 
 const soak = async (engine: string): Promise<EngineResult> => {
@@ -103,6 +117,7 @@ const soak = async (engine: string): Promise<EngineResult> => {
   }, 250)
   const code = await new Promise<number | null>((resolve) => child.on("close", (c) => resolve(c)))
   clearInterval(poll)
+  const memory = code === 0 ? memoryAt(path.join(runDir, "metrics.jsonl"), [at, seen]) : {}
   fs.rmSync(runDir, { recursive: true, force: true })
   if (code !== 0) {
     if (engine === "llamacpp" && /setup:llamacpp/.test(stderr)) {
@@ -117,6 +132,7 @@ const soak = async (engine: string): Promise<EngineResult> => {
     steps: seen,
     seconds: Number(((performance.now() - started) / 1000).toFixed(0)),
     rssMiB: samples,
+    memory,
     ...(first === undefined || last === undefined ? {} : { growth: Number(((last - first) / first).toFixed(4)) })
   }
 }

@@ -90,6 +90,13 @@ export const train = {
   "timing/train_and_sync": "seconds training and publishing",
   "timing/step": "seconds from the start of the step's batch to its metrics line",
   "timing/eval": "seconds an evaluation took (on eval lines)",
+  // the trainer process's memory after the step (Node's process.memoryUsage)
+  "memory/rss_mb":
+    "MB resident: the trainer process with its worker threads (its MCP servers are processes of their own)",
+  "memory/heap_used_mb": "MB of JavaScript objects on V8's heaps",
+  "memory/external_mb":
+    "MB outside V8's heap held by JavaScript objects: typed arrays' buffers, wasm memory, native handles",
+  "memory/array_buffers_mb": "MB of ArrayBuffers and SharedArrayBuffers (part of memory/external_mb)",
   // SFT: one line per logged step; the window is the steps since the previous line
   epoch: "SFT passes over the training data so far, fractional (HF Trainer's name)",
   "train/loss": "SFT cross-entropy per loss token, token-weighted over the window's steps",
@@ -186,5 +193,10 @@ export const charts: ReadonlyArray<Chart> = [
   {
     title: "Time per step (s)",
     keys: ["timing/step", "timing/generate", "timing/wait_for_groups", "timing/train_step", "timing/weight_sync"]
+  },
+  {
+    title: "Trainer memory (MB)",
+    keys: ["memory/rss_mb", "memory/heap_used_mb", "memory/external_mb", "memory/array_buffers_mb"],
+    optional: true
   }
 ]

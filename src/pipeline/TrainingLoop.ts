@@ -369,7 +369,8 @@ const trainAndRecord = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
       "timing/weight_sync": publishMs / 1000,
       "sync/bytes": syncBytes,
       "timing/train_and_sync": trainAndSyncMs / 1000,
-      "timing/step": (now - batch.startedAt) / 1000
+      "timing/step": (now - batch.startedAt) / 1000,
+      ...memoryMetrics()
     }
     yield* loop.metrics.record("train", batch.step, values)
     // the step's span carries its metrics: a trace backend without OTLP metrics (W&B Weave) still gets them
@@ -381,6 +382,18 @@ const trainAndRecord = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
       ...(Number.isFinite(deadline) ? { deadline } : {})
     })
   })
+
+/** The trainer process's memory now, MB (a long run's growth shows here: `npm run bench -- soak`). */
+const memoryMetrics = (): MetricKeys.Values => {
+  const usage = process.memoryUsage()
+  const mb = (bytes: number) => Math.round(bytes / 1e5) / 10
+  return {
+    "memory/rss_mb": mb(usage.rss),
+    "memory/heap_used_mb": mb(usage.heapUsed),
+    "memory/external_mb": mb(usage.external),
+    "memory/array_buffers_mb": mb(usage.arrayBuffers)
+  }
+}
 
 /** A trainer exception at `batch`'s step, as a TrainerFault; the step's groups are kept when nothing was applied. */
 const fault = <R>(loop: Loop<R>, batch: Batch, before: PolicyVersion, cause: Cause.Cause<never>) =>
