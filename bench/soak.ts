@@ -34,24 +34,34 @@ const rssMiB = (pid: number): number | undefined => {
   }
 }
 
-/** The last `train` step in metrics.jsonl (0 before the first). */
-const lastStep = (file: string): number => {
-  let text = ""
-  try {
-    text = fs.readFileSync(file, "utf8")
-  } catch {
-    return 0
-  }
+/**
+ * The last `train` step in metrics.jsonl (0 before the first), reading only the lines written since the last call (the
+ * file grows all run, and this polls it four times a second beside the run it measures).
+ */
+const stepReader = (file: string): (() => number) => {
+  let offset = 0
   let step = 0
-  for (const line of text.split("\n")) {
-    if (!line.includes('"event":"train"')) continue
+  return () => {
+    let bytes: Buffer
     try {
-      step = Math.max(step, (JSON.parse(line) as { step: number }).step)
+      const fd = fs.openSync(file, "r")
+      try {
+        const size = fs.fstatSync(fd).size
+        bytes = Buffer.alloc(Math.max(0, size - offset))
+        fs.readSync(fd, bytes, 0, bytes.length, offset)
+      } finally {
+        fs.closeSync(fd)
+      }
     } catch {
-      // a line being written
+      return step // not written yet
     }
+    const complete = bytes.lastIndexOf(0x0a) + 1 // a line being written is read again next time
+    offset += complete
+    for (const line of bytes.subarray(0, complete).toString("utf8").split("\n")) {
+      if (line.includes('"event":"train"')) step = Math.max(step, (JSON.parse(line) as { step: number }).step)
+    }
+    return step
   }
-  return step
 }
 
 interface EngineResult {
@@ -104,8 +114,9 @@ const soak = async (engine: string): Promise<EngineResult> => {
   child.stdout.resume()
   const samples: Record<string, number> = {}
   let seen = 0
+  const lastStep = stepReader(path.join(runDir, "metrics.jsonl"))
   const poll = setInterval(() => {
-    const step = lastStep(path.join(runDir, "metrics.jsonl"))
+    const step = lastStep()
     if (step <= seen) return
     seen = step
     const rss = rssMiB(child.pid!)

@@ -25,21 +25,32 @@ export interface Line {
 
 export const file = (runDir: string) => path.join(runDir, fileName)
 
+/**
+ * Append `text` (whole lines) to the JSONL file `jsonl` and fsync it: durable when this resolves. A full disk rejects
+ * with a DiskFullError naming the file.
+ */
+export const appendDurably = async (jsonl: string, text: string): Promise<void> => {
+  try {
+    const handle = await fs.open(jsonl, "a")
+    try {
+      await handle.writeFile(text)
+      await handle.sync()
+    } finally {
+      await handle.close()
+    }
+  } catch (error) {
+    throw DiskFull.orElse(jsonl, (cause) => cause)(error)
+  }
+}
+
 /** Append and fsync the lines of one training step. */
 export const append = (runDir: string, step: number, groups: ReadonlyArray<TrajectoryGroup>) =>
-  Effect.tryPromise({
-    try: async () => {
-      const handle = await fs.open(file(runDir), "a")
-      try {
-        const lines = groups.map((g) => `${JSON.stringify({ uid: g.promptUid, cursor: g.cursor, step })}\n`)
-        await handle.writeFile(lines.join(""))
-        await handle.sync()
-      } finally {
-        await handle.close()
-      }
-    },
-    catch: DiskFull.orElse(file(runDir), (cause) => cause)
-  }).pipe(Effect.orDie)
+  Effect.promise(() =>
+    appendDurably(
+      file(runDir),
+      groups.map((g) => `${JSON.stringify({ uid: g.promptUid, cursor: g.cursor, step })}\n`).join("")
+    )
+  )
 
 /** A line of consumed.jsonl that is not one, other than a torn last line. */
 export class ConsumedLogError extends Schema.TaggedError<ConsumedLogError>()("ConsumedLogError", {

@@ -76,15 +76,22 @@ export const layer = (
  * would hold it all), each marked `last` when no line follows it.
  */
 async function* numberedLines(file: string): AsyncGenerator<{ line: string; i: number; last: boolean }> {
-  const lines = readline.createInterface({ input: createReadStream(file), crlfDelay: Number.POSITIVE_INFINITY })
-  let previous: string | undefined
-  let i = 0
-  for await (const line of lines) {
-    if (previous !== undefined) yield { line: previous, i: i - 1, last: false }
-    previous = line
-    i++
+  const input = createReadStream(file)
+  const lines = readline.createInterface({ input, crlfDelay: Number.POSITIVE_INFINITY })
+  try {
+    let previous: string | undefined
+    let i = 0
+    for await (const line of lines) {
+      if (previous !== undefined) yield { line: previous, i: i - 1, last: false }
+      previous = line
+      i++
+    }
+    if (previous !== undefined) yield { line: previous, i: i - 1, last: true }
+  } finally {
+    // a reader that stops early (a bad line, an interrupted stream) must not leave the file open
+    lines.close()
+    input.destroy()
   }
-  if (previous !== undefined) yield { line: previous, i: i - 1, last: true }
 }
 
 /**

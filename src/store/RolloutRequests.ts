@@ -9,7 +9,7 @@
  */
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import * as DiskFull from "../domain/DiskFull.ts"
+import * as ConsumedLog from "./ConsumedLog.ts"
 
 export const fileName = "rollout-requests.jsonl"
 
@@ -50,16 +50,5 @@ export const read = async (runDir: string): Promise<Map<number, Request>> => {
 }
 
 /** Append and fsync one request (before it is sent). A full disk is a DiskFullError naming the file. */
-export const append = async (runDir: string, request: Request): Promise<void> => {
-  try {
-    const handle = await fs.open(file(runDir), "a")
-    try {
-      await handle.writeFile(`${JSON.stringify(request)}\n`)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
-  } catch (error) {
-    throw DiskFull.is(error) ? DiskFull.at(file(runDir)) : error
-  }
-}
+export const append = (runDir: string, request: Request): Promise<void> =>
+  ConsumedLog.appendDurably(file(runDir), `${JSON.stringify(request)}\n`)

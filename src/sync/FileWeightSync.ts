@@ -198,8 +198,7 @@ export const layerFollowing = (options: FileWeightSyncOptions): Layer.Layer<Weig
       const engine = yield* InferenceEngine
       const files = make(options)
       return WeightSync.of({
-        kind: "file",
-        published: Effect.promise(() => readLatest(options.dir)),
+        ...files,
         publish: (update) =>
           files.publish(update).pipe(
             Effect.andThen(

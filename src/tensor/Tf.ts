@@ -35,11 +35,8 @@ const registered = Symbol.for("effect-rl/tensor/registered")
  * Where `npm ci` bundles the registrations (scripts/tfjs-registrations.mjs writes the same path): one file per
  * tfjs-core version, beside the node_modules that holds it.
  */
-const registrationsBundle = (require: NodeJS.Require): string => {
-  const corePackage = require.resolve("@tensorflow/tfjs-core/package.json")
-  const version = (require(corePackage) as { version: string }).version
-  return join(dirname(corePackage), "..", "..", ".cache", "effect-rl", `tfjs-core-${version}-registrations.cjs`)
-}
+const registrationsBundle = (coreDir: string, version: string): string =>
+  join(coreDir, "..", "..", ".cache", "effect-rl", `tfjs-core-${version}-registrations.cjs`)
 
 const registerGradientsAndChainedOps = (): void => {
   const global = globalThis as { [registered]?: true }
@@ -47,12 +44,14 @@ const registerGradientsAndChainedOps = (): void => {
   global[registered] = true
   // Node's own require (Vitest's module runner would transform and re-run these modules per test file)
   const require = createRequire(import.meta.url)
-  const bundle = registrationsBundle(require)
+  const corePackage = require.resolve("@tensorflow/tfjs-core/package.json")
+  const coreDir = dirname(corePackage)
+  const bundle = registrationsBundle(coreDir, (require(corePackage) as { version: string }).version)
   if (process.env["EFFECT_RL_TFJS_UNBUNDLED"] !== "1" && existsSync(bundle)) {
     require(bundle)
     return
   }
-  const coreDist = pathToFileURL(join(dirname(require.resolve("@tensorflow/tfjs-core/package.json")), "dist/")).href
+  const coreDist = pathToFileURL(join(coreDir, "dist/")).href
   registerHooks({
     resolve: (specifier, context, next) =>
       context.parentURL?.startsWith(coreDist) && specifier.startsWith(".") && !specifier.endsWith(".js")
