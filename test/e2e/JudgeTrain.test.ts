@@ -34,7 +34,7 @@ const judgeServer = (args: ReadonlyArray<string>): Promise<{ url: string; child:
 
 const train = (args: ReadonlyArray<string>) => Cli.runAsync(["train", ...args])
 
-// what differs between two runs of the same config: wall-clock durations
+// what differs between two runs of the same config: wall-clock durations and memory readings
 const withoutTimes = (value: unknown): unknown =>
   JSON.parse(JSON.stringify(value, (k, v: unknown) => (k === "ms" || k === "llmMs" || k === "envMs" ? undefined : v)))
 const trainMetrics = (dir: string) =>
@@ -42,7 +42,7 @@ const trainMetrics = (dir: string) =>
     .filter((m) => m["event"] === "train")
     .map((m) =>
       Object.fromEntries(
-        Object.entries(m).filter(([k]) => !k.startsWith("timing/") && !k.startsWith("throughput/") && k !== "time")
+        Object.entries(m).filter(([k]) => !/^(timing|throughput|memory)\//.test(k) && k !== "time")
       )
     )
 
