@@ -2,20 +2,7 @@
   "targets": [
     {
       "target_name": "effect_rl_kernels",
-      "sources": [
-        "module.cc",
-        "pool.cc",
-        "gemm.cc",
-        "matmul.cc",
-        "elementwise.cc",
-        "layout.cc",
-        "adam.cc",
-        "fused.cc",
-        "attention.cc",
-        "io.cc",
-        "head.cc",
-        "bf16.cc"
-      ],
+      "sources": ["units/core.cc", "units/elementwise.cc"],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],
       "cflags_cc": ["-std=c++17", "-O3", "-fno-math-errno", "-fno-trapping-math", "<!@(sh ./detect-blas.sh cflags)"],
