@@ -15,10 +15,10 @@
  * engine and the tests run llama.cpp on the CPU either way; a GPU build serves code of your own that calls
  * node-llama-cpp's `getLlama()` from `.llamacpp/`. Running the command again makes `.llamacpp/` match its flags.
  */
-import { execFileSync } from "node:child_process"
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from "node:fs"
 import { join, resolve } from "node:path"
 import { parseArgs } from "node:util"
+import { npmInstall } from "./npm-install.ts"
 
 const root = resolve(import.meta.dirname, "..")
 const pinned = join(root, "scripts", "llamacpp")
@@ -64,18 +64,6 @@ const dependencies = { ...manifest.dependencies }
 for (const build of wanted) dependencies[`@node-llama-cpp/${build}`] = version
 writeFileSync(join(prefix, "package.json"), `${JSON.stringify({ ...manifest, dependencies }, null, 2)}\n`)
 
-// the npm that runs this script (npm run sets npm_execpath to its npm-cli.js), else the npm on PATH
-const npm = process.env["npm_execpath"]?.endsWith("npm-cli.js") ? process.env["npm_execpath"] : undefined
-const [command, ...args] = npm === undefined ? ["npm"] : [process.execPath, npm]
-const flags = ["--omit=optional", "--ignore-scripts", "--prefer-offline", "--no-audit", "--no-fund"]
 console.log(`setup:llamacpp: node-llama-cpp ${version} with ${wanted.map((b) => `@node-llama-cpp/${b}`).join(", ")}`)
-try {
-  execFileSync(command!, [...args, "install", ...flags], {
-    cwd: prefix,
-    stdio: "inherit",
-    shell: process.platform === "win32" && npm === undefined
-  })
-} catch {
-  fail(`npm install in ${prefix} failed (above)`)
-}
+npmInstall(prefix, ["--omit=optional", "--ignore-scripts"], "setup:llamacpp")
 console.log(`setup:llamacpp: installed into ${prefix}`)

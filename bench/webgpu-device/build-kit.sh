@@ -20,8 +20,13 @@ mkdir -p "$stage/node_modules/webgpu/dist/linux-x64" "$stage/node_modules/uplot/
 mkdir -p "$stage/node_modules/@tensorflow/tfjs-core" "$stage/node_modules/.cache/effect-rl"
 cp node_modules/@tensorflow/tfjs-core/package.json "$stage/node_modules/@tensorflow/tfjs-core/"
 cp node_modules/.cache/effect-rl/tfjs-core-*-registrations.cjs "$stage/node_modules/.cache/effect-rl/"
-cp node_modules/webgpu/index.js node_modules/webgpu/package.json "$stage/node_modules/webgpu/"
-cp node_modules/webgpu/dist/linux-x64/dawn.node "$stage/node_modules/webgpu/dist/linux-x64/"
+# Dawn: where `npm run setup:webgpu` installs it (or a node_modules copy); the kit's node_modules is where the bundles
+# resolve it from
+dawn=node_modules/webgpu
+[ -d "$dawn" ] || dawn=.webgpu/node_modules/webgpu
+[ -f "$dawn/dist/linux-x64/dawn.node" ] || { echo "build-kit: no Dawn for linux-x64: run npm run setup:webgpu" >&2; exit 1; }
+cp "$dawn/index.js" "$dawn/package.json" "$stage/node_modules/webgpu/"
+cp "$dawn/dist/linux-x64/dawn.node" "$stage/node_modules/webgpu/dist/linux-x64/"
 cp node_modules/uplot/package.json node_modules/uplot/LICENSE "$stage/node_modules/uplot/"
 cp node_modules/uplot/dist/uPlot.iife.min.js node_modules/uplot/dist/uPlot.min.css "$stage/node_modules/uplot/dist/"
 sed 's#args: \[src/toolbox/server.ts\]#args: [dist/toolbox.mjs]#' configs/tiny.yaml >"$stage/tiny-gpu.yaml"

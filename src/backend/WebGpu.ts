@@ -1,6 +1,7 @@
 /**
  * tfjs's WebGPU backend in Node, through Dawn (the `webgpu` npm package: Dawn's Node binding, prebuilt inside the
- * package). On a machine with a GPU and its Vulkan driver this runs the tensors on the GPU; with Mesa's lavapipe (a
+ * package). Dawn is no dependency of effect-rl (132 MB for five platforms, used only where a GPU is): `npm run
+ * setup:webgpu` installs it, this platform's build alone, into `.webgpu/` (domain/OptionalPackage.ts). On a machine with a GPU and its Vulkan driver this runs the tensors on the GPU; with Mesa's lavapipe (a
  * Vulkan driver on the CPU, `mesa-vulkan-drivers` ≥ 25) it runs anywhere, slowly, which is how CI tests it.
  *
  * Set-up, in this order: Dawn's WebGPU globals (GPUBufferUsage, …) on `globalThis`, `navigator.gpu` defined with
@@ -27,11 +28,11 @@
  */
 import { execFile } from "node:child_process"
 import { readdirSync } from "node:fs"
-import { createRequire } from "node:module"
 import { pathToFileURL } from "node:url"
-import * as tf from "../tensor/Tf.ts"
+import * as OptionalPackage from "../domain/OptionalPackage.ts"
 import type { TransformerConfig } from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
+import * as tf from "../tensor/Tf.ts"
 
 export interface Adapter {
   readonly vendor: string
@@ -68,6 +69,13 @@ interface AdapterLike {
   }): Promise<DeviceLike>
 }
 
+/** Dawn's Node binding: the `webgpu` package, from where `npm run setup:webgpu` puts it. */
+export const dawnPackage = OptionalPackage.make<{ create: (flags: Array<string>) => GpuLike; globals: object }>({
+  name: "webgpu",
+  folder: ".webgpu",
+  setupCommand: "npm run setup:webgpu"
+})
+
 let gpu: GpuLike | undefined
 let found: AdapterLike | undefined
 let adapter: Adapter | undefined
@@ -99,7 +107,7 @@ const toAdapter = (
  */
 export const probe = async (): Promise<Adapter> => {
   if (adapter !== undefined) return adapter
-  const dawn = (await import("webgpu")) as unknown as { create: (flags: Array<string>) => GpuLike; globals: object }
+  const dawn = await dawnPackage.load()
   Object.assign(globalThis, dawn.globals)
   gpu ??= dawn.create([])
   // Node 21+ has a getter-only `navigator`; Node 20 has none
@@ -161,7 +169,11 @@ process.stdout.write(JSON.stringify(seen) + "\\n", () => process.exit(0))
  * Rejects, with the child's last words, when Dawn fails to load or the lookup takes over `timeoutMs`.
  */
 export const probeQuietly = (timeoutMs = 30_000): Promise<Adapter | undefined> => {
-  const entry = pathToFileURL(createRequire(import.meta.url).resolve("webgpu")).href
+  const resolved = dawnPackage.resolve()
+  if (resolved === undefined) {
+    return Promise.reject(new Error(`Dawn (the webgpu package) is not installed: run \`${dawnPackage.setupCommand}\``))
+  }
+  const entry = pathToFileURL(resolved).href
   return new Promise((resolve, reject) => {
     execFile(
       process.execPath,

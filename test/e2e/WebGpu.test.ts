@@ -7,17 +7,19 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { assert, describe, it } from "@effect/vitest"
-import * as tf from "../../src/tensor/Tf.ts"
 import { Effect } from "effect"
 import * as Parity from "../../bench/webgpu-parity.ts"
 import * as TensorBackend from "../../src/backend/TensorBackend.ts"
 import * as WebGpu from "../../src/backend/WebGpu.ts"
+import * as tf from "../../src/tensor/Tf.ts"
 import * as Cli from "../fixtures/Cli.ts"
 
 const adapter = await WebGpu.probe().catch((e: Error) => e)
 const available = !(adapter instanceof Error)
 if (!available) {
-  console.warn(`webgpu tests skipped: ${adapter.message.split("\n")[0]} (run scripts/setup-system.sh as root)`)
+  console.warn(
+    `webgpu tests skipped: ${adapter.message.split("\n")[0]} (Dawn: npm run setup:webgpu; lavapipe: scripts/setup-system.sh as root)`
+  )
 }
 
 describe.skipIf(!available)("webgpu backend", () => {
