@@ -81,6 +81,23 @@ const Sections = Schema.Struct({
   ),
   Schema.makeFilter(
     (c) =>
+      c.trainer.distillation === undefined ||
+      !(c.generator.step_wise || c.generator.engine.chat || c.generator.agent !== undefined) || {
+        path: ["trainer", "distillation"],
+        issue:
+          "trainer.distillation scores one token sequence per trajectory: it cannot train step-wise trajectories (generator.step_wise, engine.chat, agent)"
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
+      c.trainer.distillation === undefined ||
+      c.pipeline.rollouts === "local" || {
+        path: ["trainer", "distillation"],
+        issue: "trainer.distillation scores groups beside the trainer: use pipeline.rollouts local (cluster runners hold no teacher)"
+      }
+  ),
+  Schema.makeFilter(
+    (c) =>
       c.generator.agent === undefined ||
       c.pipeline.rollouts === "local" || {
         path: ["generator", "agent"],

@@ -101,6 +101,23 @@ export const ExperienceReplayConfig = Schema.Struct({
 export type ExperienceReplayConfig = typeof ExperienceReplayConfig.Type
 
 /**
+ * On-policy distillation (trainer.distillation): the teacher scores every token the policy sampled, and each loss token
+ * gets the advantage −kl_coef · (log π_rollout − log π_teacher) (tinker-cookbook's per-token reverse KL), alone or added
+ * to the RL advantage.
+ */
+export const DistillationConfig = Schema.Struct({
+  // a checkpoint directory (HF layout, any architecture the loader reads) or a Hugging Face cache name; it must share
+  // the policy's tokenizer
+  teacher: Schema.NonEmptyString,
+  kl_coef: Positive.pipe(withDefault(1)), // β of the per-token advantage −β · (log π_rollout − log π_teacher)
+  // false: the KL term is the whole advantage (no reward used); true: it is added to the RL advantage (mixed)
+  rewards: Schema.Boolean.pipe(withDefault(false)),
+  // teacher log-probs kept in memory, by token sequence (identical samples of a group are scored once)
+  cache_size: NonNegativeInt.pipe(withDefault(4096))
+})
+export type DistillationConfig = typeof DistillationConfig.Type
+
+/**
  * How the policy learns from its groups: the algorithm, the optimizers, batch sizes, the KL reference, evaluation and
  * when to stop.
  */
@@ -109,6 +126,7 @@ export const TrainerConfig = Schema.Struct({
   optimizer: OptimizerConfig.pipe(withDefault({})), // the policy's optimizer
   critic_optimizer: OptimizerConfig.pipe(withDefault({ lr: 5e-6 })), // the GAE critic's optimizer
   experience_replay: ExperienceReplayConfig.pipe(withDefault({})),
+  distillation: Schema.optionalKey(DistillationConfig), // learn from a teacher's per-token log-probs (on-policy distillation)
   train_batch_size: PositiveInt.pipe(withDefault(8)), // prompts (groups) per training step
   policy_mini_batch_size: PositiveInt.pipe(withDefault(8)), // prompts per optimizer step within a training step
   micro_train_batch_size: PositiveInt.pipe(withDefault(8)), // sequences per forward/backward (grad accumulation)

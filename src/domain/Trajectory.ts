@@ -64,9 +64,22 @@ export const Trajectory = Schema.Struct({
   // step-wise mode: one training row per turn (then responseIds holds only the generated tokens, all lossMask 1)
   steps: Schema.optionalKey(Schema.Array(Step)),
   // a success of an earlier step the trainer added to this group (ExperienceReplay); never in the episode log
-  replay: Schema.optionalKey(Schema.Boolean)
+  replay: Schema.optionalKey(Schema.Boolean),
+  // trainer.distillation: the teacher's log-prob of each response token (0 where lossMask is 0), at the sampling
+  // temperature; recorded, so a replay needs no teacher
+  teacherLogprobs: Schema.optionalKey(Schema.Array(Schema.Finite))
 })
 export type Trajectory = typeof Trajectory.Type
+
+/** What scoring a group with the distillation teacher took (trainer.distillation). */
+export const TeacherUsage = Schema.Struct({
+  calls: Schema.Int, // sequences the teacher scored
+  tokens: Schema.Int, // tokens of those sequences (prompt and response)
+  cached: Schema.Int, // sequences answered from the cache (identical samples, earlier groups)
+  failed: Schema.Int, // sequences the teacher could not score: their trajectories ended `error`
+  ms: Schema.Finite // wall time of the group's scoring
+})
+export type TeacherUsage = typeof TeacherUsage.Type
 
 export const TrajectoryGroup = Schema.Struct({
   promptUid: Schema.String,
@@ -78,6 +91,8 @@ export const TrajectoryGroup = Schema.Struct({
   trajectories: Schema.Array(Trajectory),
   // an LLM judge's verdict on the group (reward_spec.method judge): its scores are in the trajectories' rewards
   judge: Schema.optionalKey(GroupJudgement),
+  // the distillation teacher's work on the group (trainer.distillation); its log-probs are in the trajectories
+  teacher: Schema.optionalKey(TeacherUsage),
   // the group's span (`rollout.group`) when the run exports traces (logging.backends: otlp): find it in the tracer
   trace: Schema.optionalKey(Schema.Struct({ traceId: Schema.String, spanId: Schema.String }))
 })

@@ -29,6 +29,8 @@ export interface GeneratorOptions extends AgentLoop.Options {
   readonly unordered: boolean
   /** scores the finished groups of rows whose reward_spec.method is judge (environment.judge) */
   readonly judge?: GroupJudge | undefined
+  /** trainer.distillation: scores each finished group's tokens with the teacher (Teacher.scorer), before it is logged */
+  readonly teacher?: ((group: TrajectoryGroup) => Effect.Effect<TrajectoryGroup>) | undefined
   /** each sample is a run of this agent program (generator.agent), through the AgentGateway in context */
   readonly agent?: AgentProgram.AgentOptions | undefined
 }
@@ -111,6 +113,7 @@ export const make = Effect.fn("Generator.make")(function* (options: GeneratorOpt
         )
       ),
       Effect.flatMap((g) => judged(prompt.row, g, o.judge)),
+      Effect.flatMap((g) => (o.teacher === undefined ? Effect.succeed(g) : o.teacher(g))),
       Effect.withSpan(Spans.names.group, {
         attributes: { "prompt.uid": prompt.row.uid ?? `cursor-${prompt.cursor}`, "prompt.cursor": prompt.cursor }
       }),

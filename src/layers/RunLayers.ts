@@ -55,6 +55,7 @@ import * as PolicyModel from "../trainer/PolicyModel.ts"
 import * as PolicyTrainer from "../trainer/PolicyTrainer.ts"
 import * as SftTrainer from "../trainer/SftTrainer.ts"
 import * as Judge from "./Judge.ts"
+import * as Teacher from "./Teacher.ts"
 
 export interface RunOptions {
   readonly runDir: string
@@ -344,7 +345,10 @@ export const training = (c: RunConfig, options: RunOptions) =>
         EpisodeLog.layer(options.runDir),
         Metrics.layer(options.runDir, { progress: c.logging.progress, gauges: track && wantsGauges(c.logging) })
       ).pipe(Layer.provide(NodeServices.layer), Layer.orDie)
-      const generator = Generator.layer({ ...generatorOptions(c), judge }).pipe(Layer.provide(agentGateway(c)))
+      const generator = Layer.effect(
+        Generator.Generator,
+        Effect.flatMap(Teacher.fromConfig(c), (teacher) => Generator.make({ ...generatorOptions(c), judge, teacher }))
+      ).pipe(Layer.provide(agentGateway(c)))
       const core = Layer.mergeAll(generator, weightSync).pipe(
         Layer.provideMerge(engine),
         Layer.provideMerge(environments(c)),

@@ -45,6 +45,14 @@ export const train = {
   "judge/cost": "the judge calls' tokens at environment.judge.prices",
   "judge/score_mean": "mean score the judge paid over the step's judged trajectories",
   "reward/judge": "the judge's score of finished trajectories, averaged (also in judge/score_mean)",
+  // on-policy distillation (trainer.distillation): the teacher's work on the step's groups
+  "distill/teacher_kl":
+    "mean over loss tokens of log π_rollout − log π_teacher: the sampled reverse KL from the teacher per token (falls as the policy learns)",
+  "distill/teacher_calls": "sequences the teacher scored for the step's groups",
+  "distill/teacher_tokens": "tokens of those sequences (prompt and response)",
+  "distill/teacher_cached": "trajectories whose teacher log-probs came from the cache (identical samples, earlier groups)",
+  "distill/teacher_failed": "trajectories the teacher could not score: they ended error and were not trained on",
+  "distill/teacher_s": "seconds the teacher spent scoring the step's groups",
   // the policy update
   "loss/policy": "policy-gradient loss (mean over mini-batches)",
   "loss/kl": "KL loss term against the reference policy (use_kl_loss)",
@@ -182,6 +190,11 @@ export const charts: ReadonlyArray<Chart> = [
   {
     title: "LLM judge: rejected answers, failed groups, cache hits",
     keys: ["judge/malformed", "judge/out_of_range", "judge/missing", "judge/failed_groups", "judge/cache_hits"],
+    optional: true
+  },
+  {
+    title: "Distillation: reverse KL from the teacher per token",
+    keys: ["distill/teacher_kl"],
     optional: true
   },
   { title: "Throughput: trajectories / s", keys: ["throughput/trajectories_per_s"] },

@@ -78,7 +78,8 @@ export const optionsOf = (config: RunConfig): Partial<GeneratorOptions> => ({
   topP: config.generator.eval_sampling.top_p,
   topK: config.generator.eval_sampling.top_k,
   stopStrings: config.generator.eval_sampling.stop,
-  unordered: false
+  unordered: false,
+  teacher: undefined // evaluation groups are never trained on: the distillation teacher does not score them
 })
 
 /** Roll out every row and score the groups (`groupBy`: an `extra_info` key to score per value as well). */

@@ -30,6 +30,7 @@ import * as Spans from "../domain/Spans.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as Env from "../env/Env.ts"
 import * as GroupJudge from "../env/GroupJudge.ts"
+import * as Teacher from "../inference/Teacher.ts"
 import type * as MetricKeys from "../metrics/MetricKeys.ts"
 import { Metrics } from "../metrics/Metrics.ts"
 import * as Report from "../metrics/Report.ts"
@@ -363,6 +364,7 @@ const trainAndRecord = <R>(loop: Loop<R>, batch: Batch, deadline: number) =>
       ...result.metrics,
       ...Env.aggregateMetrics(batch.groups.flatMap((g) => g.trajectories.map((t) => t.envMetrics))),
       ...GroupJudge.stepMetrics(batch.groups),
+      ...Teacher.stepMetrics(batch.groups),
       ...batch.metrics,
       ...after,
       "trainer/policy_version": result.version,

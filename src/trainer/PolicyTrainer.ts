@@ -345,7 +345,10 @@ export const make = Effect.fn("PolicyTrainer.make")(function* (options: Options)
     zeroRewardOnNonStop: algo.zero_reward_on_non_stop,
     overlongFiltering: algo.apply_overlong_filtering,
     zeroVarianceFilter: algo.zero_variance_filter,
-    maxSequenceLength: derived.maxSequenceLength
+    maxSequenceLength: derived.maxSequenceLength,
+    ...(t.distillation === undefined
+      ? {}
+      : { distillation: { coef: t.distillation.kl_coef, rewards: t.distillation.rewards } })
   }
 
   const lossOptions: LossOptions = {

@@ -37,6 +37,12 @@ export interface Options {
   readonly klPenalty?: { readonly kl: ReadonlyArray<ReadonlyArray<number>>; readonly coef: number }
   /** GAE: the critic's V(s_t), aligned with the rows' ids (from a first build); required when estimator is gae */
   readonly values?: ReadonlyArray<ReadonlyArray<number>>
+  /**
+   * On-policy distillation: each loss token's advantage is −coef · (log π_rollout − log π_teacher) from the
+   * trajectory's `teacherLogprobs`, alone (`rewards` false: the RL advantage is not used) or added to the RL
+   * advantage. The zero-variance filter does not apply (a group with equal rewards still has its teacher's signal).
+   */
+  readonly distillation?: { readonly coef: number; readonly rewards: boolean }
 }
 
 export interface Batch {
@@ -88,7 +94,7 @@ const trainable = (t: Trajectory, o: Options): boolean =>
 
 export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch => {
   const kept = groups.filter((g) => {
-    if (!o.zeroVarianceFilter) return true
+    if (!o.zeroVarianceFilter || o.distillation !== undefined) return true
     const rewards = g.trajectories.map((t) => rewardOf(t, o))
     return rewards.some((r) => r !== rewards[0])
   })
@@ -137,6 +143,17 @@ export const build = (groups: ReadonlyArray<TrajectoryGroup>, o: Options): Batch
   let advantages = computed.advantages
   if (o.advantageBatchNormalize && rows.length > 0)
     advantages = Advantages.advantageBatchNormalize(advantages, responseMask)
+  if (o.distillation !== undefined) {
+    const { coef, rewards } = o.distillation
+    advantages = advantages.map((adv, b) => {
+      const t = rows[b]!.t
+      return adv.map((a, i) => {
+        const teacher = t.teacherLogprobs?.[i]
+        const kl = responseMask[b]![i] === 1 && teacher !== undefined ? t.rolloutLogprobs[i]! - teacher : 0
+        return (rewards ? a : 0) - coef * kl
+      })
+    })
+  }
   // Training rows: one per trajectory, or one per turn for step-wise trajectories (the trajectory's advantage, taken
   // at its last loss token, copied to every turn: SkyRL's step-wise training).
   const sampledRows: Array<Row> = rows.flatMap(({ t, uid }, b): Array<Row> => {

@@ -173,3 +173,52 @@ describe("TrainingBatch.build", () => {
     assert.deepStrictEqual(batch.promptUids, ["a", "a", "a", "a"])
   })
 })
+
+describe("TrainingBatch.build with distillation", () => {
+  // rollout log-probs [-0.5, -0.25, 0, -0.125]; the teacher's on the loss tokens [-0.25, -1, ·, -0.125]
+  // → log π_rollout − log π_teacher = [-0.25, 0.75, ·, 0]: the teacher likes token 3 more, token 4 less
+  const taught = (uid: string, sample: number, reward: number): Trajectory => ({
+    ...trajectory(uid, sample, reward),
+    teacherLogprobs: [-0.25, -1, 0, -0.125]
+  })
+
+  it("makes each loss token's advantage −coef · (log π_rollout − log π_teacher), with no reward used", () => {
+    const batch = TrainingBatch.build([group("a", [taught("a", 0, 1), taught("a", 1, 0)])], {
+      ...options,
+      distillation: { coef: 2, rewards: false }
+    })
+    // −2 · [-0.25, 0.75, ·, 0] = [0.5, -1.5, 0, 0] on both rows: the rewards (1 and 0) play no part
+    assert.deepStrictEqual(batch.advantages, [
+      [0, 0, 0.5, -1.5, 0, 0],
+      [0, 0, 0.5, -1.5, 0, 0]
+    ])
+  })
+
+  it("adds the KL term to the RL advantage when mixed", () => {
+    const batch = TrainingBatch.build([group("a", [taught("a", 0, 1), taught("a", 1, 0)])], {
+      ...options,
+      distillation: { coef: 1, rewards: true }
+    })
+    // GRPO's ±0.7071 plus −1 · [-0.25, 0.75, ·, 0] = [0.25, -0.75, 0, 0]
+    const adv = batch.advantages.map((r) => r.map((x) => Math.round(x * 1e4) / 1e4 + 0))
+    assert.deepStrictEqual(adv, [
+      [0, 0, 0.9571, -0.0429, 0, 0.7071],
+      [0, 0, -0.4571, -1.4571, 0, -0.7071]
+    ])
+  })
+
+  it("keeps a group whose rewards are all equal (the zero-variance filter does not apply), and trains no error row", () => {
+    const failed: Trajectory = { ...taught("a", 1, 0), stopReason: "error", error: "teacher x: down" }
+    const batch = TrainingBatch.build([group("a", [taught("a", 0, 0), failed])], {
+      ...options,
+      zeroVarianceFilter: true,
+      distillation: { coef: 1, rewards: false }
+    })
+    assert.strictEqual(batch.droppedGroups, 0)
+    assert.deepStrictEqual(batch.lossMask, [
+      [0, 0, 1, 1, 0, 1],
+      [0, 0, 0, 0, 0, 0]
+    ])
+    assert.deepStrictEqual(batch.advantages[1], [0, 0, 0, 0, 0, 0])
+  })
+})

@@ -1,0 +1,208 @@
+/**
+ * The teacher of on-policy distillation (trainer.distillation): a frozen model that scores every token the policy
+ * sampled. The Generator runs `scoreGroup` on each finished group, before it is logged, so each trajectory carries
+ * `teacherLogprobs` (response-aligned, 0 off the loss mask) in episodes.jsonl and a replay needs no teacher; the
+ * trainer turns them into the per-token advantage −β · (log π_rollout − log π_teacher) (TrainingBatch).
+ *
+ * - **Local**: a checkpoint directory loaded once on the active backend (any architecture the loader reads), scored in
+ *   batched forward passes at the sampling temperature (the trainer's log π uses logits / τ too, so the two are
+ *   comparable). It must share the policy's tokenizer: `checkTokenizer` refuses a teacher whose vocabulary size or
+ *   tokenizer.json vocabulary differs, saying which.
+ * - **Cache**: sequences already scored (identical samples of a group are common) are answered from an LRU keyed by
+ *   the token ids; `TeacherUsage.cached` counts them.
+ * - **Failures**: a teacher that cannot score a sequence ends that trajectory `error` with the reason (never trained
+ *   on, kept in the log); the group and the run go on.
+ */
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { Clock, Effect, Schema } from "effect"
+import type { TeacherUsage, Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
+import * as LogProbs from "../model/LogProbs.ts"
+import type * as Transformer from "../model/Transformer.ts"
+
+export class TeacherError extends Schema.TaggedError<TeacherError>()("TeacherError", {
+  teacher: Schema.String,
+  message: Schema.String
+}) {}
+
+export interface Teacher {
+  /** What it is, for messages: the checkpoint directory. */
+  readonly source: string
+  /** For each sequence, log p(ids[t] | ids[<t]) for t = 1 … n−1 (index t − 1 holds token t). */
+  readonly score: (sequences: ReadonlyArray<ReadonlyArray<number>>) => Effect.Effect<Array<Array<number>>, TeacherError>
+}
+
+const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e))
+
+/** A loaded model as the teacher: right-padded batches of `batchRows` sequences, logits / `temperature`. */
+export const local = (
+  model: Transformer.Transformer,
+  options: { readonly source: string; readonly temperature: number; readonly batchRows?: number }
+): Teacher => {
+  const rowsPer = options.batchRows ?? 8
+  const batch = async (sequences: ReadonlyArray<ReadonlyArray<number>>): Promise<Array<Array<number>>> => {
+    const T = Math.max(2, ...sequences.map((s) => s.length))
+    const ids = sequences.map((s) => [...s, ...new Array<number>(T - s.length).fill(0)])
+    const attentionMask = sequences.map((s) => Array.from({ length: T }, (_, t) => (t < s.length ? 1 : 0)))
+    const { logprobs } = LogProbs.ofSequences(model, { ids, attentionMask }, { temperature: options.temperature })
+    const values = await logprobs.data().finally(() => logprobs.dispose())
+    return sequences.map((s, b) => Array.from(values.subarray(b * T + 1, b * T + s.length)))
+  }
+  const score = (sequences: ReadonlyArray<ReadonlyArray<number>>) =>
+    Effect.forEach(
+      Array.from({ length: Math.ceil(sequences.length / rowsPer) }, (_, k) =>
+        sequences.slice(k * rowsPer, (k + 1) * rowsPer)
+      ),
+      (chunk) =>
+        Effect.yieldNow.pipe(
+          Effect.andThen(
+            Effect.tryPromise({
+              try: () => batch(chunk),
+              catch: (e) => new TeacherError({ teacher: options.source, message: messageOf(e) })
+            })
+          )
+        )
+    ).pipe(
+      Effect.map((parts) => parts.flat()),
+      Effect.flatMap((scored) => {
+        const bad = scored.findIndex((row) => row.some((v) => !Number.isFinite(v)))
+        return bad < 0
+          ? Effect.succeed(scored)
+          : Effect.fail(
+              new TeacherError({ teacher: options.source, message: `a non-finite log-prob in sequence ${bad}` })
+            )
+      })
+    )
+  return { source: options.source, score }
+}
+
+/** tokenizer.json's vocabulary and added tokens, as text to compare (undefined where the file is absent). */
+const vocabularyOf = (dir: string): string | undefined => {
+  const file = path.join(dir, "tokenizer.json")
+  if (!fs.existsSync(file)) return undefined
+  const json = JSON.parse(fs.readFileSync(file, "utf8")) as { model?: { vocab?: unknown }; added_tokens?: unknown }
+  return JSON.stringify([json.model?.vocab ?? null, json.added_tokens ?? null])
+}
+
+/**
+ * Undefined when a teacher (vocabulary size `teacherVocab`, directory `teacherDir`) shares the policy's tokenizer,
+ * else why not: the vocabulary sizes differ, or both directories hold a tokenizer.json with different vocabularies.
+ */
+export const tokenizerMismatch = (
+  teacher: { readonly dir: string; readonly vocabSize: number },
+  student: { readonly dir: string | undefined; readonly vocabSize: number }
+): string | undefined => {
+  if (teacher.vocabSize !== student.vocabSize) {
+    return `the teacher's vocabulary has ${teacher.vocabSize} tokens, the policy's ${student.vocabSize}`
+  }
+  const theirs = vocabularyOf(teacher.dir)
+  const ours = student.dir === undefined ? undefined : vocabularyOf(student.dir)
+  if (theirs !== undefined && ours !== undefined && theirs !== ours) {
+    return `${path.join(teacher.dir, "tokenizer.json")} and ${path.join(student.dir!, "tokenizer.json")} hold different vocabularies`
+  }
+  return undefined
+}
+
+/** An LRU of scored sequences, by their ids. */
+const lru = (capacity: number) => {
+  const entries = new Map<string, Array<number>>()
+  return {
+    get: (key: string) => {
+      const hit = entries.get(key)
+      if (hit !== undefined) {
+        entries.delete(key)
+        entries.set(key, hit)
+      }
+      return hit
+    },
+    set: (key: string, value: Array<number>) => {
+      if (capacity === 0) return
+      entries.delete(key)
+      entries.set(key, value)
+      if (entries.size > capacity) entries.delete(entries.keys().next().value!)
+    }
+  }
+}
+
+/** The sequence the teacher scores for a trajectory: its prompt then its response (none for an error or step-wise). */
+const sequenceOf = (t: Trajectory): ReadonlyArray<number> | undefined =>
+  t.stopReason === "error" || t.steps !== undefined ? undefined : [...t.promptIds, ...t.responseIds]
+
+/** Response-aligned teacher log-probs of `t` from its sequence's scores (0 off the loss mask). */
+const alignedTo = (t: Trajectory, scores: ReadonlyArray<number>): Array<number> => {
+  const P = t.promptIds.length
+  return t.responseIds.map((_, i) => (t.lossMask[i] === 1 && P + i >= 1 ? scores[P + i - 1]! : 0))
+}
+
+/**
+ * Scores groups with `teacher`, through a cache of `cacheSize` sequences: each trajectory gets `teacherLogprobs`, the
+ * group its `TeacherUsage`; a trajectory the teacher failed on ends `error` ("teacher <source>: …").
+ */
+export const scorer = (teacher: Teacher, cacheSize: number) => {
+  const cache = lru(cacheSize)
+  return (g: TrajectoryGroup): Effect.Effect<TrajectoryGroup> =>
+    Effect.gen(function* () {
+      const started = yield* Clock.currentTimeMillis
+      const sequences = g.trajectories.map(sequenceOf)
+      const keys = sequences.map((s) => s?.join(","))
+      const found = new Map<string, Array<number>>()
+      for (const k of keys) {
+        const hit = k === undefined ? undefined : cache.get(k)
+        if (hit !== undefined) found.set(k!, hit)
+      }
+      const todo = [...new Set(keys.filter((k): k is string => k !== undefined && !found.has(k)))]
+      const sequenceBy = new Map(keys.flatMap((k, i) => (k === undefined ? [] : [[k, sequences[i]!] as const])))
+      const outcome = yield* teacher.score(todo.map((k) => sequenceBy.get(k)!)).pipe(Effect.result)
+      if (outcome._tag === "Success") {
+        for (const [j, k] of todo.entries()) {
+          found.set(k, outcome.success[j]!)
+          cache.set(k, outcome.success[j]!)
+        }
+      }
+      const failure = outcome._tag === "Failure" ? `teacher ${teacher.source}: ${outcome.failure.message}` : undefined
+      const trajectories = g.trajectories.map((t, i): Trajectory => {
+        const key = keys[i]
+        if (key === undefined) return t
+        const scores = found.get(key)
+        return scores === undefined
+          ? { ...t, stopReason: "error", error: failure ?? `teacher ${teacher.source}: no score` }
+          : { ...t, teacherLogprobs: alignedTo(t, scores) }
+      })
+      const rows = keys.filter((k) => k !== undefined).length
+      const failed = trajectories.filter((t, i) => keys[i] !== undefined && t.teacherLogprobs === undefined).length
+      const usage: TeacherUsage = {
+        calls: todo.length,
+        tokens: todo.reduce((n, k) => n + sequenceBy.get(k)!.length, 0),
+        cached: rows - failed - (outcome._tag === "Success" ? todo.length : 0),
+        failed,
+        ms: (yield* Clock.currentTimeMillis) - started
+      }
+      return { ...g, trajectories, teacher: usage }
+    })
+}
+
+/** The step's distill/* metrics (MetricKeys) from its groups; {} when no group was scored by a teacher. */
+export const stepMetrics = (groups: ReadonlyArray<TrajectoryGroup>): Record<string, number> => {
+  const usages = groups.flatMap((g) => (g.teacher === undefined ? [] : [g.teacher]))
+  if (usages.length === 0) return {}
+  const sum = (f: (u: TeacherUsage) => number) => usages.reduce((a, u) => a + f(u), 0)
+  let kl = 0
+  let tokens = 0
+  for (const t of groups.flatMap((g) => g.trajectories)) {
+    if (t.teacherLogprobs === undefined) continue
+    for (const [i, m] of t.lossMask.entries()) {
+      if (m === 1) {
+        kl += t.rolloutLogprobs[i]! - t.teacherLogprobs[i]!
+        tokens++
+      }
+    }
+  }
+  return {
+    "distill/teacher_kl": kl / Math.max(1, tokens),
+    "distill/teacher_calls": sum((u) => u.calls),
+    "distill/teacher_tokens": sum((u) => u.tokens),
+    "distill/teacher_cached": sum((u) => u.cached),
+    "distill/teacher_failed": sum((u) => u.failed),
+    "distill/teacher_s": sum((u) => u.ms) / 1000
+  }
+}
