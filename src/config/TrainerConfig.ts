@@ -1,5 +1,5 @@
 import { Schema } from "effect"
-import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, withDefault } from "./Field.ts"
+import { NonNegative, NonNegativeInt, Positive, PositiveInt, Probability, SecretRef, withDefault } from "./Field.ts"
 
 /** SkyRL's `advantage_estimator` values: every estimator `Advantages.compute` dispatches on (its `Estimator` type). */
 export const advantageEstimators = ["grpo", "rloo", "reinforce++", "gae", "maxrl"] as const
@@ -106,14 +106,23 @@ export type ExperienceReplayConfig = typeof ExperienceReplayConfig.Type
  * to the RL advantage.
  */
 export const DistillationConfig = Schema.Struct({
-  // a checkpoint directory (HF layout, any architecture the loader reads) or a Hugging Face cache name; it must share
-  // the policy's tokenizer
+  // a checkpoint directory (HF layout, any architecture the loader reads) or a Hugging Face cache name, or the URL of an
+  // OpenAI-compatible server that answers vLLM's `prompt_logprobs` on /v1/completions (vLLM, SGLang, our `serve`);
+  // it must share the policy's tokenizer
   teacher: Schema.NonEmptyString,
   kl_coef: Positive.pipe(withDefault(1)), // β of the per-token advantage −β · (log π_rollout − log π_teacher)
   // false: the KL term is the whole advantage (no reward used); true: it is added to the RL advantage (mixed)
   rewards: Schema.Boolean.pipe(withDefault(false)),
   // teacher log-probs kept in memory, by token sequence (identical samples of a group are scored once)
-  cache_size: NonNegativeInt.pipe(withDefault(4096))
+  cache_size: NonNegativeInt.pipe(withDefault(4096)),
+  // a URL teacher: the served model (default: the first one /v1/models lists), its key (sent as Authorization: Bearer),
+  // requests in flight at once, retries of a failed request, the timeout of one, and the price of a scored token
+  model: Schema.optionalKey(Schema.NonEmptyString),
+  api_key: Schema.optionalKey(SecretRef),
+  max_concurrency: PositiveInt.pipe(withDefault(8)),
+  http_retries: NonNegativeInt.pipe(withDefault(3)),
+  timeout_seconds: Positive.pipe(withDefault(60)),
+  price_per_token: NonNegative.pipe(withDefault(0)) // distill/teacher_cost = tokens scored × this
 })
 export type DistillationConfig = typeof DistillationConfig.Type
 

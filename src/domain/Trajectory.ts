@@ -75,6 +75,7 @@ export type Trajectory = typeof Trajectory.Type
 export const TeacherUsage = Schema.Struct({
   calls: Schema.Int, // sequences the teacher scored
   tokens: Schema.Int, // tokens of those sequences (prompt and response)
+  cost: Schema.optionalKey(Schema.Finite), // tokens × trainer.distillation.price_per_token
   cached: Schema.Int, // sequences answered from the cache (identical samples, earlier groups)
   failed: Schema.Int, // sequences the teacher could not score: their trajectories ended `error`
   ms: Schema.Finite // wall time of the group's scoring

@@ -5,9 +5,14 @@
  * trainer turns them into the per-token advantage −β · (log π_rollout − log π_teacher) (TrainingBatch).
  *
  * - **Local**: a checkpoint directory loaded once on the active backend (any architecture the loader reads), scored in
- *   batched forward passes at the sampling temperature (the trainer's log π uses logits / τ too, so the two are
- *   comparable). It must share the policy's tokenizer: `checkTokenizer` refuses a teacher whose vocabulary size or
+ *   batched forward passes of its own distribution (τ 1: what a server's `prompt_logprobs` give; the student's
+ *   log-probs are at its sampling temperature, so it learns to sample what the teacher would). It must share the
+ *   policy's tokenizer: `checkTokenizer` refuses a teacher whose vocabulary size or
  *   tokenizer.json vocabulary differs, saying which.
+ * - **Remote**: an OpenAI-compatible server (vLLM, SGLang, our `serve`) asked for vLLM's `prompt_logprobs` of each
+ *   sequence as a token-id prompt on /v1/completions (`max_tokens: 1`, `prompt_logprobs: 0`: the prompt tokens' own
+ *   log-probs, raw logits' log-softmax), `max_concurrency` requests at a time, each retried as RemoteWire retries.
+ *   An answer without one finite log-prob ≤ 0 per token is a BadResponse, never a score.
  * - **Cache**: sequences already scored (identical samples of a group are common) are answered from an LRU keyed by
  *   the token ids; `TeacherUsage.cached` counts them.
  * - **Failures**: a teacher that cannot score a sequence ends that trajectory `error` with the reason (never trained
@@ -19,6 +24,7 @@ import { Clock, Effect, Schema } from "effect"
 import type { TeacherUsage, Trajectory, TrajectoryGroup } from "../domain/Trajectory.ts"
 import * as LogProbs from "../model/LogProbs.ts"
 import type * as Transformer from "../model/Transformer.ts"
+import * as RemoteWire from "./RemoteWire.ts"
 
 export class TeacherError extends Schema.TaggedError<TeacherError>()("TeacherError", {
   teacher: Schema.String,
@@ -75,6 +81,55 @@ export const local = (
     )
   return { source: options.source, score }
 }
+
+/**
+ * vLLM's `prompt_logprobs` of the prompt `ids` in a /v1/completions response (`[null, { "<id>": { logprob, … } }, …]`,
+ * one entry per prompt token) as log p(ids[t] | ids[<t]) for t ≥ 1, or why the answer holds none. The shape is vLLM's
+ * `CompletionResponseChoice.prompt_logprobs: list[dict[int, Logprob] | None]` (vllm/entrypoints/openai/protocol.py),
+ * which `serve` answers too.
+ */
+export const readPromptLogprobs =
+  (ids: ReadonlyArray<number>) =>
+  (body: unknown): Array<number> | string => {
+    const entries = (body as { choices?: Array<{ prompt_logprobs?: unknown }> } | null)?.choices?.[0]?.prompt_logprobs
+    if (!Array.isArray(entries)) {
+      return "the answer has no choices[0].prompt_logprobs: the server must support vLLM's prompt_logprobs"
+    }
+    if (entries.length !== ids.length) {
+      return `choices[0].prompt_logprobs has ${entries.length} entries for a prompt of ${ids.length} tokens`
+    }
+    const out: Array<number> = []
+    for (let t = 1; t < ids.length; t++) {
+      const entry = (entries[t] as Record<string, { logprob?: unknown }> | null)?.[String(ids[t])]
+      const logprob = entry?.logprob
+      if (typeof logprob !== "number" || !Number.isFinite(logprob) || logprob > 1e-4) {
+        return `prompt_logprobs[${t}] holds no log-prob ≤ 0 of token ${ids[t]} (${JSON.stringify(entries[t]).slice(0, 120)})`
+      }
+      out.push(Math.min(0, logprob))
+    }
+    return out
+  }
+
+/** A teacher behind an OpenAI-compatible server at `base` (no trailing /v1), serving `model`. */
+export const remote = (
+  connection: RemoteWire.Connection,
+  options: { readonly base: string; readonly model: string; readonly source: string; readonly concurrency: number }
+): Teacher => ({
+  source: options.source,
+  score: (sequences) =>
+    Effect.forEach(
+      sequences,
+      (ids) =>
+        RemoteWire.post(
+          connection,
+          options.base,
+          "/v1/completions",
+          { model: options.model, prompt: ids, max_tokens: 1, temperature: 0, prompt_logprobs: 0 },
+          readPromptLogprobs(ids)
+        ),
+      { concurrency: options.concurrency }
+    ).pipe(Effect.mapError((e) => new TeacherError({ teacher: options.source, message: e.message })))
+})
 
 /** tokenizer.json's vocabulary and added tokens, as text to compare (undefined where the file is absent). */
 const vocabularyOf = (dir: string): string | undefined => {
@@ -138,8 +193,8 @@ const alignedTo = (t: Trajectory, scores: ReadonlyArray<number>): Array<number> 
  * Scores groups with `teacher`, through a cache of `cacheSize` sequences: each trajectory gets `teacherLogprobs`, the
  * group its `TeacherUsage`; a trajectory the teacher failed on ends `error` ("teacher <source>: …").
  */
-export const scorer = (teacher: Teacher, cacheSize: number) => {
-  const cache = lru(cacheSize)
+export const scorer = (teacher: Teacher, options: { readonly cacheSize: number; readonly pricePerToken: number }) => {
+  const cache = lru(options.cacheSize)
   return (g: TrajectoryGroup): Effect.Effect<TrajectoryGroup> =>
     Effect.gen(function* () {
       const started = yield* Clock.currentTimeMillis
@@ -170,9 +225,11 @@ export const scorer = (teacher: Teacher, cacheSize: number) => {
       })
       const rows = keys.filter((k) => k !== undefined).length
       const failed = trajectories.filter((t, i) => keys[i] !== undefined && t.teacherLogprobs === undefined).length
+      const tokens = todo.reduce((n, k) => n + sequenceBy.get(k)!.length, 0)
       const usage: TeacherUsage = {
         calls: todo.length,
-        tokens: todo.reduce((n, k) => n + sequenceBy.get(k)!.length, 0),
+        tokens,
+        cost: tokens * options.pricePerToken,
         cached: rows - failed - (outcome._tag === "Success" ? todo.length : 0),
         failed,
         ms: (yield* Clock.currentTimeMillis) - started
@@ -201,6 +258,7 @@ export const stepMetrics = (groups: ReadonlyArray<TrajectoryGroup>): Record<stri
     "distill/teacher_kl": kl / Math.max(1, tokens),
     "distill/teacher_calls": sum((u) => u.calls),
     "distill/teacher_tokens": sum((u) => u.tokens),
+    "distill/teacher_cost": sum((u) => u.cost ?? 0),
     "distill/teacher_cached": sum((u) => u.cached),
     "distill/teacher_failed": sum((u) => u.failed),
     "distill/teacher_s": sum((u) => u.ms) / 1000

@@ -1,23 +1,51 @@
 /**
- * The distillation teacher a run's `trainer.distillation` names: its checkpoint loaded on the active backend beside
- * the policy (whose tokenizer it must share), freed when the run ends, and the Generator's scorer over it
- * (inference/Teacher.ts).
+ * The distillation teacher a run's `trainer.distillation` names, and the Generator's scorer over it
+ * (inference/Teacher.ts): a checkpoint loaded on the active backend beside the policy (whose tokenizer it must share),
+ * freed when the run ends, or an OpenAI-compatible server reached over HTTP (a URL: its tokenizer cannot be checked
+ * here; token ids outside its vocabulary fail as bad requests, which end those trajectories `error`).
  */
-import { Effect, Schema } from "effect"
+import { Duration, Effect, Redacted, Schema } from "effect"
+import { FetchHttpClient, HttpClient } from "effect/http"
 import { ModelConfig } from "../config/ModelConfig.ts"
-import * as RunConfig from "../config/RunConfig.ts"
+import type * as RunConfig from "../config/RunConfig.ts"
+import type { DistillationConfig } from "../config/TrainerConfig.ts"
 import { CheckpointError, ConfigError } from "../domain/Errors.ts"
+import * as ChatClient from "../env/ChatClient.ts"
+import * as RemoteWire from "../inference/RemoteWire.ts"
 import * as Teacher from "../inference/Teacher.ts"
 import * as HfCache from "../model/HfCache.ts"
 import * as HfConfig from "../model/ModelConfig.ts"
 import * as Transformer from "../model/Transformer.ts"
 import * as PolicyModel from "../trainer/PolicyModel.ts"
+import * as WeightUpload from "../weights/WeightUpload.ts"
 
-/** The teacher's group scorer, or undefined when the config sets no `trainer.distillation`. */
-export const fromConfig = (c: RunConfig.RunConfig) =>
+/** A URL teacher: the OpenAI-compatible server `d.teacher` names, its model the one given or the first it lists. */
+const remote = (d: DistillationConfig) =>
   Effect.gen(function* () {
-    const d = c.trainer.distillation
-    if (d === undefined) return undefined
+    const key = yield* ChatClient.apiKey(d.api_key).pipe(
+      Effect.mapError((e) => new ConfigError({ path: "trainer.distillation.api_key", message: e.message }))
+    )
+    const apiKey = key === undefined ? undefined : Redacted.value(key)
+    const client = yield* HttpClient.HttpClient
+    const base = WeightUpload.baseUrl(d.teacher)
+    const model =
+      d.model ??
+      (yield* RemoteWire.servedModel(client, base, apiKey).pipe(
+        Effect.mapError(
+          (e) => new ConfigError({ path: "trainer.distillation.teacher", message: `the teacher server: ${e.message}` })
+        )
+      ))
+    yield* Effect.logInfo(
+      `distillation teacher: ${model} at ${base}, kl_coef ${d.kl_coef}, ` +
+        (d.rewards ? "added to the RL advantage" : "no rewards")
+    )
+    const connection = { client, apiKey, timeout: Duration.seconds(d.timeout_seconds), maxRetries: d.http_retries }
+    return Teacher.remote(connection, { base, model, source: d.teacher, concurrency: d.max_concurrency })
+  }).pipe(Effect.provide(FetchHttpClient.layer))
+
+/** A checkpoint teacher, loaded on the active backend beside the policy, whose tokenizer it must share. */
+const local = (c: RunConfig.RunConfig, d: DistillationConfig) =>
+  Effect.gen(function* () {
     const policy = yield* PolicyModel.PolicyModel
     const dir = yield* Effect.try({
       try: () => HfCache.resolve(d.teacher),
@@ -43,6 +71,15 @@ export const fromConfig = (c: RunConfig.RunConfig) =>
         `${HfConfig.parameterCount(model.config).toLocaleString("en-US")} parameters), kl_coef ${d.kl_coef}, ` +
         (d.rewards ? "added to the RL advantage" : "no rewards")
     )
-    const teacher = Teacher.local(model, { source: d.teacher, temperature: RunConfig.derive(c).temperature })
-    return Teacher.scorer(teacher, d.cache_size)
+    // the teacher's own distribution (τ 1), as a server's prompt_logprobs give it (vLLM's are the raw logits')
+    return Teacher.local(model, { source: d.teacher, temperature: 1 })
+  })
+
+/** The teacher's group scorer, or undefined when the config sets no `trainer.distillation`. */
+export const fromConfig = (c: RunConfig.RunConfig) =>
+  Effect.gen(function* () {
+    const d = c.trainer.distillation
+    if (d === undefined) return undefined
+    const teacher = /^https?:\/\//.test(d.teacher) ? yield* remote(d) : yield* local(c, d)
+    return Teacher.scorer(teacher, { cacheSize: d.cache_size, pricePerToken: d.price_per_token })
   })

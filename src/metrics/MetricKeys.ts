@@ -50,6 +50,7 @@ export const train = {
     "mean over loss tokens of log π_rollout − log π_teacher: the sampled reverse KL from the teacher per token (falls as the policy learns)",
   "distill/teacher_calls": "sequences the teacher scored for the step's groups",
   "distill/teacher_tokens": "tokens of those sequences (prompt and response)",
+  "distill/teacher_cost": "those tokens at trainer.distillation.price_per_token",
   "distill/teacher_cached": "trajectories whose teacher log-probs came from the cache (identical samples, earlier groups)",
   "distill/teacher_failed": "trajectories the teacher could not score: they ended error and were not trained on",
   "distill/teacher_s": "seconds the teacher spent scoring the step's groups",

@@ -242,6 +242,38 @@ describe("TrainerConfig", () => {
       assert.include(error.message, "cannot train step-wise trajectories")
     })
   )
+
+  it.effect(
+    "reads trainer.distillation's defaults, and refuses it with step-wise trajectories or cluster runners",
+    () =>
+      Effect.gen(function* () {
+        const ok = yield* RunConfigLoader.fromObject(base, ["trainer.distillation.teacher=data/quickstart/teacher"])
+        assert.deepStrictEqual(ok.trainer.distillation, {
+          teacher: "data/quickstart/teacher",
+          kl_coef: 1,
+          rewards: false,
+          cache_size: 4096,
+          max_concurrency: 8,
+          http_retries: 3,
+          timeout_seconds: 60,
+          price_per_token: 0
+        })
+        for (const override of [
+          "generator.step_wise=true",
+          "generator.engine.chat=true",
+          "pipeline.rollouts=cluster"
+        ]) {
+          const error = yield* RunConfigLoader.fromObject(base, [
+            "trainer.distillation.teacher=data/quickstart/teacher",
+            ...(override.includes("chat")
+              ? ["generator.engine.kind=remote", "generator.engine.url=http://127.0.0.1:1"]
+              : []),
+            override
+          ]).pipe(Effect.flip)
+          assert.strictEqual(error.path, "trainer.distillation", `${override}: ${error.message}`)
+        }
+      })
+  )
 })
 
 describe("RunConfig.derive", () => {

@@ -70,7 +70,7 @@ describe("Teacher.scorer", () => {
         return inner.score(sequences)
       }
     }
-    const score = Teacher.scorer(counting, 16)
+    const score = Teacher.scorer(counting, { cacheSize: 16, pricePerToken: 0.5 })
     const scored = await Effect.runPromise(score(group([trajectory(0), trajectory(1), trajectory(2, [4, 5, 6, 9])])))
     assert.deepStrictEqual(calls, [2])
     const full = await LogProbs.ofIds(model, [1, 2, 3, 4, 5, 6, 7]) // token t's log-prob at index t − 1
@@ -81,7 +81,7 @@ describe("Teacher.scorer", () => {
     assert.strictEqual(t0[2], 0) // tool output: off the loss mask
     assert.closeTo(t0[3]!, full[5]!, 1e-5)
     assert.deepStrictEqual(scored.trajectories[1]!.teacherLogprobs, t0)
-    assert.deepInclude(scored.teacher!, { calls: 2, tokens: 14, cached: 1, failed: 0 })
+    assert.deepInclude(scored.teacher!, { calls: 2, tokens: 14, cost: 7, cached: 1, failed: 0 })
     // a later group of the same sequence comes from the cache
     const again = await Effect.runPromise(score(group([trajectory(3)])))
     assert.deepStrictEqual(calls, [2, 0])
@@ -95,7 +95,9 @@ describe("Teacher.scorer", () => {
       score: () => Effect.fail(new Teacher.TeacherError({ teacher: "http://teacher", message: "connection refused" }))
     }
     const broken: Trajectory = { ...trajectory(1), stopReason: "error", error: "tool server died" }
-    const scored = await Effect.runPromise(Teacher.scorer(down, 16)(group([trajectory(0), broken])))
+    const scored = await Effect.runPromise(
+      Teacher.scorer(down, { cacheSize: 16, pricePerToken: 0 })(group([trajectory(0), broken]))
+    )
     assert.strictEqual(scored.trajectories[0]!.stopReason, "error")
     assert.strictEqual(scored.trajectories[0]!.error, "teacher http://teacher: connection refused")
     assert.isUndefined(scored.trajectories[0]!.teacherLogprobs)
@@ -114,6 +116,7 @@ describe("Teacher.stepMetrics", () => {
       "distill/teacher_kl": 0.5 / 3,
       "distill/teacher_calls": 1,
       "distill/teacher_tokens": 7,
+      "distill/teacher_cost": 0,
       "distill/teacher_cached": 0,
       "distill/teacher_failed": 0,
       "distill/teacher_s": 1.5
