@@ -93,7 +93,8 @@ const Sections = Schema.Struct({
       c.trainer.distillation === undefined ||
       c.pipeline.rollouts === "local" || {
         path: ["trainer", "distillation"],
-        issue: "trainer.distillation scores groups beside the trainer: use pipeline.rollouts local (cluster runners hold no teacher)"
+        issue:
+          "trainer.distillation scores groups beside the trainer: use pipeline.rollouts local (cluster runners hold no teacher)"
       }
   ),
   Schema.makeFilter(

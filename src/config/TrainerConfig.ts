@@ -115,13 +115,11 @@ export const DistillationConfig = Schema.Struct({
   rewards: Schema.Boolean.pipe(withDefault(false)),
   // teacher log-probs kept in memory, by token sequence (identical samples of a group are scored once)
   cache_size: NonNegativeInt.pipe(withDefault(4096)),
-  // a URL teacher: the served model (default: the first one /v1/models lists), its key (sent as Authorization: Bearer),
-  // requests in flight at once, retries of a failed request, the timeout of one, and the price of a scored token
-  model: Schema.optionalKey(Schema.NonEmptyString),
-  api_key: Schema.optionalKey(SecretRef),
-  max_concurrency: PositiveInt.pipe(withDefault(8)),
-  http_retries: NonNegativeInt.pipe(withDefault(3)),
-  timeout_seconds: Positive.pipe(withDefault(60)),
+  model: Schema.optionalKey(Schema.NonEmptyString), // a URL teacher's served model (default: the first /v1/models lists)
+  api_key: Schema.optionalKey(SecretRef), // a URL teacher's key, sent as Authorization: Bearer
+  max_concurrency: PositiveInt.pipe(withDefault(8)), // a URL teacher: requests in flight at once
+  http_retries: NonNegativeInt.pipe(withDefault(3)), // a URL teacher: retries of a request that failed retryably
+  timeout_seconds: Positive.pipe(withDefault(60)), // a URL teacher: the timeout of one request
   price_per_token: NonNegative.pipe(withDefault(0)) // distill/teacher_cost = tokens scored × this
 })
 export type DistillationConfig = typeof DistillationConfig.Type

@@ -51,7 +51,8 @@ export const train = {
   "distill/teacher_calls": "sequences the teacher scored for the step's groups",
   "distill/teacher_tokens": "tokens of those sequences (prompt and response)",
   "distill/teacher_cost": "those tokens at trainer.distillation.price_per_token",
-  "distill/teacher_cached": "trajectories whose teacher log-probs came from the cache (identical samples, earlier groups)",
+  "distill/teacher_cached":
+    "trajectories whose teacher log-probs came from the cache (identical samples, earlier groups)",
   "distill/teacher_failed": "trajectories the teacher could not score: they ended error and were not trained on",
   "distill/teacher_s": "seconds the teacher spent scoring the step's groups",
   // the policy update

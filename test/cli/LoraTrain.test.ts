@@ -8,6 +8,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
+import { readJsonl } from "../fixtures/Jsonl.ts"
 
 const lora = [
   "model.lora.rank=4",
@@ -18,12 +19,6 @@ const lora = [
   "checkpoint.interval=1",
   "checkpoint.keep_n=5"
 ]
-
-const readJsonl = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, "utf8")
-    .split("\n")
-    .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
 
 describe("train with LoRA (configs/tiny.yaml, end to end)", () => {
   it("checkpoints the adapter alone, resumes bit-identically, exports merged and evaluates over the base", () => {

@@ -3,12 +3,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
-
-const readJsonl = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, "utf8")
-    .split("\n")
-    .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
+import { readJsonl } from "../fixtures/Jsonl.ts"
 
 describe("train (configs/tiny.yaml, end to end)", () => {
   it("trains 2 steps, resumes from the latest checkpoint for a 3rd, and writes metrics, checkpoints and episodes", () => {

@@ -10,14 +10,9 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
+import { readJsonl } from "../fixtures/Jsonl.ts"
 
 const installed = existsSync("examples/agents/node_modules/ai")
-
-const readJsonl = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, "utf8")
-    .split("\n")
-    .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
 
 /** Processes whose command line names `needle`. */
 const running = (needle: string) =>

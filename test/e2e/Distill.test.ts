@@ -9,12 +9,7 @@ import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
-
-const readJsonl = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, "utf8")
-    .split("\n")
-    .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
+import { readJsonl } from "../fixtures/Jsonl.ts"
 
 const trainMetrics = (dir: string) =>
   readJsonl(join(dir, "metrics.jsonl")).filter((m) => m["event"] === "train") as Array<Record<string, number>>

@@ -5,17 +5,12 @@
  * same (timings aside).
  */
 import { type ChildProcess, spawn } from "node:child_process"
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs"
+import { mkdtempSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import { join } from "node:path"
 import { assert, describe, it } from "@effect/vitest"
 import * as Cli from "../fixtures/Cli.ts"
-
-const readJsonl = (file: string): Array<Record<string, unknown>> =>
-  readFileSync(file, "utf8")
-    .split("\n")
-    .filter((l) => l.trim() !== "")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
+import { readJsonl } from "../fixtures/Jsonl.ts"
 
 /** The fixture judge as a process, resolved with its URL once it prints it. */
 const judgeServer = (args: ReadonlyArray<string>): Promise<{ url: string; child: ChildProcess }> =>
@@ -41,9 +36,7 @@ const trainMetrics = (dir: string) =>
   readJsonl(join(dir, "metrics.jsonl"))
     .filter((m) => m["event"] === "train")
     .map((m) =>
-      Object.fromEntries(
-        Object.entries(m).filter(([k]) => !/^(timing|throughput|memory)\//.test(k) && k !== "time")
-      )
+      Object.fromEntries(Object.entries(m).filter(([k]) => !/^(timing|throughput|memory)\//.test(k) && k !== "time"))
     )
 
 describe("train with reward_spec.method judge (configs/tiny.yaml, fixture judge)", () => {

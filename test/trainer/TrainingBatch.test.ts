@@ -199,12 +199,18 @@ describe("TrainingBatch.build with distillation", () => {
       ...options,
       distillation: { coef: 1, rewards: true }
     })
-    // GRPO's ±0.7071 plus −1 · [-0.25, 0.75, ·, 0] = [0.25, -0.75, 0, 0]
-    const adv = batch.advantages.map((r) => r.map((x) => Math.round(x * 1e4) / 1e4 + 0))
-    assert.deepStrictEqual(adv, [
-      [0, 0, 0.9571, -0.0429, 0, 0.7071],
-      [0, 0, -0.4571, -1.4571, 0, -0.7071]
+    // GRPO's ±1/√2 (up to ε) plus −1 · [-0.25, 0.75, ·, 0] = [0.25, -0.75, 0, 0]
+    const expected = [1, -1].map((sign) => [
+      0,
+      0,
+      sign * Math.SQRT1_2 + 0.25,
+      sign * Math.SQRT1_2 - 0.75,
+      0,
+      sign * Math.SQRT1_2
     ])
+    for (const [b, row] of expected.entries()) {
+      for (const [t, v] of row.entries()) assert.closeTo(batch.advantages[b]![t]!, v, 1e-4)
+    }
   })
 
   it("keeps a group whose rewards are all equal (the zero-variance filter does not apply), and trains no error row", () => {
