@@ -33,6 +33,7 @@ import { type Cause, Context, Effect, Layer, Schema, SchemaIssue } from "effect"
 import * as DiskFull from "../domain/DiskFull.ts"
 import { CheckpointError } from "../domain/Errors.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as SyncedFile from "../domain/SyncedFile.ts"
 import * as Checkpoint from "../model/Checkpoint.ts"
 import * as Lora from "../model/Lora.ts"
 import * as Safetensors from "../model/Safetensors.ts"
@@ -361,13 +362,7 @@ export const make = (options: Options) => {
         await fs.rename(tmp, dir)
         await fsync(root) // the step directory is in place before `latest` may name it
         const pointer = path.join(root, "latest.tmp")
-        const handle = await fs.open(pointer, "w")
-        try {
-          await handle.writeFile(name)
-          await handle.sync()
-        } finally {
-          await handle.close()
-        }
+        await SyncedFile.write(pointer, name)
         await fs.rename(pointer, path.join(root, "latest"))
         await fsync(root)
       })

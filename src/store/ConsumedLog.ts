@@ -13,6 +13,7 @@ import * as path from "node:path"
 import { Effect, Schema } from "effect"
 import { CliError } from "effect/cli"
 import * as DiskFull from "../domain/DiskFull.ts"
+import * as SyncedFile from "../domain/SyncedFile.ts"
 import type { TrajectoryGroup } from "../domain/Trajectory.ts"
 
 export const fileName = "consumed.jsonl"
@@ -31,13 +32,7 @@ export const file = (runDir: string) => path.join(runDir, fileName)
  */
 export const appendDurably = async (jsonl: string, text: string): Promise<void> => {
   try {
-    const handle = await fs.open(jsonl, "a")
-    try {
-      await handle.writeFile(text)
-      await handle.sync()
-    } finally {
-      await handle.close()
-    }
+    await SyncedFile.write(jsonl, text, "a")
   } catch (error) {
     throw DiskFull.orElse(jsonl, (cause) => cause)(error)
   }
@@ -113,13 +108,7 @@ export const truncateTo = (runDir: string, step: number) =>
     const kept = lines.filter((l) => l.step <= step)
     yield* Effect.tryPromise(async () => {
       const tmp = `${file(runDir)}.tmp`
-      const handle = await fs.open(tmp, "w")
-      try {
-        await handle.writeFile(kept.map((l) => `${JSON.stringify(l)}\n`).join(""))
-        await handle.sync()
-      } finally {
-        await handle.close()
-      }
+      await SyncedFile.write(tmp, kept.map((l) => `${JSON.stringify(l)}\n`).join(""))
       await fs.rename(tmp, file(runDir))
     }).pipe(Effect.orDie)
     return text.split("\n").filter((l) => l.trim() !== "").length - kept.length

@@ -21,6 +21,7 @@ import * as path from "node:path"
 import { Clock, Duration, Effect, Layer } from "effect"
 import * as DiskFull from "../domain/DiskFull.ts"
 import * as PolicyVersion from "../domain/PolicyVersion.ts"
+import * as SyncedFile from "../domain/SyncedFile.ts"
 import * as WeightSnapshot from "../domain/WeightSnapshot.ts"
 import { InferenceEngine } from "../inference/InferenceEngine.ts"
 import * as Lora from "../model/Lora.ts"
@@ -40,17 +41,6 @@ const weightsFile = "model.safetensors"
 
 export const versionDir = (dir: string, version: number): string =>
   path.join(dir, `v${String(version).padStart(6, "0")}`)
-
-/** Write `bytes` to `file` and fsync it. */
-const writeSynced = async (file: string, bytes: Uint8Array | string): Promise<void> => {
-  const handle = await fs.open(file, "w")
-  try {
-    await handle.writeFile(bytes)
-    await handle.sync()
-  } finally {
-    await handle.close()
-  }
-}
 
 /** fsync a directory, so a rename inside it survives a crash (a no-op where directories cannot be opened). */
 const syncDir = async (dir: string): Promise<void> => {
@@ -93,7 +83,7 @@ const writeVersionFrom = async (
       "F32",
       { format: "pt", policy_version: String(snapshot.version) }
     )
-    await writeSynced(path.join(tmp, weightsFile), bytes)
+    await SyncedFile.write(path.join(tmp, weightsFile), bytes)
     written += bytes.byteLength
   }
   await syncDir(tmp)
@@ -101,7 +91,7 @@ const writeVersionFrom = async (
   await fs.rename(tmp, target)
   const latestTmp = path.join(dir, `.${latestFile}-${randomBytes(6).toString("hex")}`)
   try {
-    await writeSynced(latestTmp, `${snapshot.version}\n`)
+    await SyncedFile.write(latestTmp, `${snapshot.version}\n`)
     await fs.rename(latestTmp, path.join(dir, latestFile))
   } finally {
     await fs.rm(latestTmp, { force: true })
