@@ -1,8 +1,9 @@
 /**
  * tfjs's WebGPU backend in Node, through Dawn (the `webgpu` npm package: Dawn's Node binding, prebuilt inside the
  * package). Dawn is no dependency of effect-rl (132 MB for five platforms, used only where a GPU is): `npm run
- * setup:webgpu` installs it, this platform's build alone, into `.webgpu/` (domain/OptionalPackage.ts). On a machine with a GPU and its Vulkan driver this runs the tensors on the GPU; with Mesa's lavapipe (a
- * Vulkan driver on the CPU, `mesa-vulkan-drivers` ≥ 25) it runs anywhere, slowly, which is how CI tests it.
+ * setup:webgpu` installs it, this platform's build alone, into `.webgpu/` (domain/OptionalPackage.ts). On a machine
+ * with a GPU and its Vulkan driver this runs the tensors on the GPU; with Mesa's lavapipe (a Vulkan driver on the CPU,
+ * `mesa-vulkan-drivers` ≥ 25) it runs anywhere, slowly, which is how CI tests it.
  *
  * Set-up, in this order: Dawn's WebGPU globals (GPUBufferUsage, …) on `globalThis`, `navigator.gpu` defined with
  * `Object.defineProperty` (Node's `navigator` has getters only), then the tfjs backend module, which registers itself

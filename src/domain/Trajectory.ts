@@ -65,8 +65,8 @@ export const Trajectory = Schema.Struct({
   steps: Schema.optionalKey(Schema.Array(Step)),
   // a success of an earlier step the trainer added to this group (ExperienceReplay); never in the episode log
   replay: Schema.optionalKey(Schema.Boolean),
-  // trainer.distillation: the teacher's log-prob of each response token (0 where lossMask is 0), at the sampling
-  // temperature; recorded, so a replay needs no teacher
+  // trainer.distillation: the teacher's log-prob of each response token (0 where lossMask is 0), of its own
+  // distribution (τ 1); recorded, so a replay needs no teacher
   teacherLogprobs: Schema.optionalKey(Schema.Array(Schema.Finite))
 })
 export type Trajectory = typeof Trajectory.Type
@@ -76,8 +76,8 @@ export const TeacherUsage = Schema.Struct({
   calls: Schema.Int, // sequences the teacher scored
   tokens: Schema.Int, // tokens of those sequences (prompt and response)
   cost: Schema.optionalKey(Schema.Finite), // tokens × trainer.distillation.price_per_token
-  cached: Schema.Int, // sequences answered from the cache (identical samples, earlier groups)
-  failed: Schema.Int, // sequences the teacher could not score: their trajectories ended `error`
+  cached: Schema.Int, // trajectories answered with no call of their own (identical samples, earlier groups)
+  failed: Schema.Int, // trajectories the teacher could not score: they ended `error`
   ms: Schema.Finite // wall time of the group's scoring
 })
 export type TeacherUsage = typeof TeacherUsage.Type

@@ -1,14 +1,14 @@
 /**
  * The teacher of on-policy distillation (trainer.distillation): a frozen model that scores every token the policy
- * sampled. The Generator runs `scoreGroup` on each finished group, before it is logged, so each trajectory carries
+ * sampled. The Generator runs a `scorer` on each finished group, before it is logged, so each trajectory carries
  * `teacherLogprobs` (response-aligned, 0 off the loss mask) in episodes.jsonl and a replay needs no teacher; the
  * trainer turns them into the per-token advantage −β · (log π_rollout − log π_teacher) (TrainingBatch).
  *
  * - **Local**: a checkpoint directory loaded once on the active backend (any architecture the loader reads), scored in
  *   batched forward passes of its own distribution (τ 1: what a server's `prompt_logprobs` give; the student's
  *   log-probs are at its sampling temperature, so it learns to sample what the teacher would). It must share the
- *   policy's tokenizer: `checkTokenizer` refuses a teacher whose vocabulary size or
- *   tokenizer.json vocabulary differs, saying which.
+ *   policy's tokenizer: `tokenizerMismatch` says why a teacher whose vocabulary size or tokenizer.json
+ *   vocabulary differs is refused.
  * - **Remote**: an OpenAI-compatible server (vLLM, SGLang, our `serve`) asked for vLLM's `prompt_logprobs` of each
  *   sequence as a token-id prompt on /v1/completions (`max_tokens: 1`, `prompt_logprobs: 0`: the prompt tokens' own
  *   log-probs, raw logits' log-softmax), `max_concurrency` requests at a time, each retried as RemoteWire retries.
@@ -32,7 +32,7 @@ export class TeacherError extends Schema.TaggedError<TeacherError>()("TeacherErr
 }) {}
 
 export interface Teacher {
-  /** What it is, for messages: the checkpoint directory. */
+  /** What it is, for messages: the checkpoint directory or the server's URL, as configured. */
   readonly source: string
   /** For each sequence, log p(ids[t] | ids[<t]) for t = 1 … n−1 (index t − 1 holds token t). */
   readonly score: (sequences: ReadonlyArray<ReadonlyArray<number>>) => Effect.Effect<Array<Array<number>>, TeacherError>
@@ -140,8 +140,8 @@ const vocabularyOf = (dir: string): string | undefined => {
 }
 
 /**
- * Undefined when a teacher (vocabulary size `teacherVocab`, directory `teacherDir`) shares the policy's tokenizer,
- * else why not: the vocabulary sizes differ, or both directories hold a tokenizer.json with different vocabularies.
+ * Undefined when the teacher (its checkpoint directory and vocabulary size) shares the policy's tokenizer, else why
+ * not: the vocabulary sizes differ, or both directories hold a tokenizer.json with different vocabularies.
  */
 export const tokenizerMismatch = (
   teacher: { readonly dir: string; readonly vocabSize: number },

@@ -19,6 +19,10 @@ import * as Transformer from "../model/Transformer.ts"
 import * as PolicyModel from "../trainer/PolicyModel.ts"
 import * as WeightUpload from "../weights/WeightUpload.ts"
 
+/** How the teacher's KL term trains, for the start-up line. */
+const settingsOf = (d: DistillationConfig) =>
+  `kl_coef ${d.kl_coef}, ${d.rewards ? "added to the RL advantage" : "no rewards"}`
+
 /** A URL teacher: the OpenAI-compatible server `d.teacher` names, its model the one given or the first it lists. */
 const remote = (d: DistillationConfig) =>
   Effect.gen(function* () {
@@ -35,10 +39,7 @@ const remote = (d: DistillationConfig) =>
           (e) => new ConfigError({ path: "trainer.distillation.teacher", message: `the teacher server: ${e.message}` })
         )
       ))
-    yield* Effect.logInfo(
-      `distillation teacher: ${model} at ${base}, kl_coef ${d.kl_coef}, ` +
-        (d.rewards ? "added to the RL advantage" : "no rewards")
-    )
+    yield* Effect.logInfo(`distillation teacher: ${model} at ${base}, ${settingsOf(d)}`)
     const connection = { client, apiKey, timeout: Duration.seconds(d.timeout_seconds), maxRetries: d.http_retries }
     return Teacher.remote(connection, { base, model, source: d.teacher, concurrency: d.max_concurrency })
   }).pipe(Effect.provide(FetchHttpClient.layer))
@@ -68,8 +69,7 @@ const local = (c: RunConfig.RunConfig, d: DistillationConfig) =>
     }
     yield* Effect.logInfo(
       `distillation teacher: ${d.teacher} (${model.config.architecture}, ` +
-        `${HfConfig.parameterCount(model.config).toLocaleString("en-US")} parameters), kl_coef ${d.kl_coef}, ` +
-        (d.rewards ? "added to the RL advantage" : "no rewards")
+        `${HfConfig.parameterCount(model.config).toLocaleString("en-US")} parameters), ${settingsOf(d)}`
     )
     // the teacher's own distribution (τ 1), as a server's prompt_logprobs give it (vLLM's are the raw logits')
     return Teacher.local(model, { source: d.teacher, temperature: 1 })
